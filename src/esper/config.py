@@ -1,0 +1,225 @@
+"""Typed, strict run configuration (msgspec), loadable from TOML or JSON.
+
+Unknown keys and wrong types are errors that name the key path (``$.ppo.lr``), and
+sizes are validated after decoding. This module never imports torch so that a bad
+config fails before the expensive import. CPU-sized defaults that differ from the
+reference numbers are listed in ``docs/config.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from esper.core.enums import AmpMode, PolicyKind, RewardFamily, TaskName, TelemetryLevel
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration; the message names the key path."""
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class TaskConfig(_Section):
+    name: TaskName = TaskName.DIGITS
+    #: Local directory (cifar10) or file (text); never downloaded.
+    data_path: str | None = None
+    batch_size: Positive = 64
+    #: Cap on training samples seen per env per epoch (None: the env's full share).
+    train_samples_per_env: Positive | None = None
+    #: Validation samples used per step (None: the whole validation split).
+    val_samples: Positive | None = None
+    #: synthetic task size; ignored by the others.
+    synthetic_train_size: Positive = 4096
+    synthetic_val_size: Positive = 1000
+    #: text task context length in bytes.
+    seq_len: Positive = 64
+    channels_last: bool = True
+
+
+class HostConfig(_Section):
+    base_channels: Positive = 16
+    n_blocks: Positive = 3
+    #: transformer host
+    d_model: Positive = 64
+    n_heads: Positive = 4
+    n_layers: Positive = 2
+    #: Slot ids to enable (empty: every slot the host offers).
+    slots: list[str] = msgspec.field(default_factory=list)
+    max_seeds: Positive = 3
+    strict_gates: bool = False
+
+
+class PolicyConfig(_Section):
+    kind: PolicyKind = PolicyKind.PPO
+    feature_dim: Positive = 128
+    lstm_hidden: Positive = 128
+    blueprint_embed_dim: Positive = 4
+    compile: bool = False
+    #: heuristic policy
+    plateau_patience: Positive = 3
+    fossilize_threshold_pp: float = 1.0
+    prune_threshold_pp: float = -0.5
+
+
+class PPOConfig(_Section):
+    lr: PositiveFloat = 3e-4
+    clip: PositiveFloat = 0.2
+    gamma: Fraction = 0.995
+    gae_lambda: Fraction = 0.98
+    entropy_coef: NonNegativeFloat = 0.05
+    entropy_coef_floor: NonNegativeFloat = 0.01
+    #: Rounds over which the entropy coefficient anneals linearly to the floor.
+    entropy_anneal_rounds: NonNegative = 0
+    value_coef: NonNegativeFloat = 0.5
+    max_grad_norm: PositiveFloat = 5.0
+    target_kl: PositiveFloat | None = 0.015
+    update_epochs: Positive = 4
+    normalize_advantages: bool = True
+
+
+class RewardConfig(_Section):
+    family: RewardFamily = RewardFamily.CONTRIBUTION
+    shaping: bool = True
+    terminal: bool = True
+    anti_gaming: bool = True
+    stage_shaping_weight: NonNegativeFloat = 0.3
+    rent_weight: NonNegativeFloat = 0.5
+    rent_cap: NonNegativeFloat = 1.5
+    terminal_weight: NonNegativeFloat = 0.05
+    normalize: bool = True
+
+
+class GovernorConfig(_Section):
+    enabled: bool = True
+    snapshot_every: Positive = 5
+    lobotomy_tolerance: Fraction = 0.065
+    divergence_min_loss: PositiveFloat = 12.0
+    divergence_sigma: PositiveFloat = 6.0
+    divergence_mean_factor: PositiveFloat = 3.0
+    divergence_consecutive: Positive = 3
+    penalty: float = -10.0
+
+
+class TelemetryConfig(_Section):
+    level: str = "normal"
+    dir: str = "runs"
+    flush_interval_s: PositiveFloat = 0.5
+    queue_capacity: Positive = 65536
+    drop_when_full: bool = False
+    escalation_rounds: NonNegative = 2
+
+    @property
+    def level_enum(self) -> TelemetryLevel:
+        return TelemetryLevel.parse(self.level)
+
+
+class RunConfig(_Section):
+    n_envs: Positive = 4
+    rounds: Positive = 3
+    episode_length: Positive = 20
+    seed: int = 0
+    device: str = "cpu"
+    #: Devices for envs, round-robin (empty: all envs on ``device``).
+    env_devices: list[str] = msgspec.field(default_factory=list)
+    amp: AmpMode = AmpMode.OFF
+    run_id: str = ""
+    counterfactual_factorial: bool = True
+    checkpoint_every: NonNegative = 1
+    torch_threads: NonNegative = 0
+
+
+class Config(_Section):
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    host: HostConfig = msgspec.field(default_factory=HostConfig)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    governor: GovernorConfig = msgspec.field(default_factory=GovernorConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+
+    def fingerprint(self) -> str:
+        """Stable hash of the behaviour-defining config (run id and output dir excluded)."""
+        data = msgspec.to_builtins(self)
+        data["run"].pop("run_id", None)
+        data["telemetry"].pop("dir", None)
+        encoded = msgspec.json.encode(data, order="sorted")
+        return hashlib.sha256(encoded).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self, order="sorted").decode()
+
+
+def _validate(cfg: Config) -> Config:
+    try:
+        TelemetryLevel.parse(cfg.telemetry.level)
+    except ValueError as exc:
+        raise ConfigError(f"$.telemetry.level: {exc}") from None
+    if cfg.telemetry.level_enum == TelemetryLevel.DEBUG and cfg.telemetry.escalation_rounds < 0:
+        raise ConfigError("$.telemetry.escalation_rounds: must be >= 0")
+    if cfg.ppo.entropy_coef_floor > cfg.ppo.entropy_coef:
+        raise ConfigError("$.ppo.entropy_coef_floor: must not exceed $.ppo.entropy_coef")
+    if cfg.run.device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(f"$.run.device: expected cpu or cuda[:k], got {cfg.run.device!r}")
+    if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
+        raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
+    return cfg
+
+
+def _convert_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
+    return ConfigError(f"{source}: {exc}")
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
+    """Decode and validate a plain mapping (strict: unknown keys and wrong types raise)."""
+    try:
+        cfg = msgspec.convert(data, Config, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _convert_error(exc, source) from None
+    return _validate(cfg)
+
+
+def load_config(path: str | Path) -> Config:
+    """Load a TOML or JSON config file; errors name the file and the key path."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    raw = p.read_bytes()
+    try:
+        if p.suffix.lower() == ".toml":
+            data = msgspec.toml.decode(raw)
+        elif p.suffix.lower() == ".json":
+            data = msgspec.json.decode(raw)
+        else:
+            raise ConfigError(f"{p}: unsupported config format (use .toml or .json)")
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{p}: not valid {p.suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a table/object")
+    return config_from_dict(data, source=str(p))
+
+
+def with_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Apply dotted-path overrides (``{"run.n_envs": 4}``) with the same strict checks."""
+    data = msgspec.to_builtins(cfg)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise ConfigError(f"$.{dotted}: unknown key")
+        node[leaf] = value
+    return config_from_dict(data, source="overrides")

@@ -1,0 +1,137 @@
+"""Reference numbers of the domain, named once.
+
+Every number the spec gives lives here so code never carries a bare literal. Where a
+CPU-sized default differs from the reference, the config says so (see docs/config.md).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from esper.core.enums import AlphaCurve, BlendOp, GerminationStyle, LifecycleOp, SeedStage
+
+# --- Lifecycle -------------------------------------------------------------------------
+EMBARGO_EPOCHS: Final = 5
+RESETTING_EPOCHS: Final = 1
+MIN_PRUNE_AGE: Final = 5
+G2_MIN_TRAINING_EPOCHS: Final = 10
+G2_MIN_GRADIENT_HEALTH: Final = 0.7
+G2_STRICT_MIN_IMPROVEMENT_PP: Final = 0.5
+G2_STRICT_MIN_GRAD_RATIO: Final = 0.10
+G3_STRICT_MIN_BLENDING_EPOCHS: Final = 10
+G5_STRICT_MIN_CONTRIBUTION_PP: Final = 1.0
+DEFAULT_MAX_SEEDS: Final = 3
+
+#: Stages whose seed module runs in the forward pass.
+FORWARD_STAGES: Final = frozenset(
+    {SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED}
+)
+#: Allowed transitions; anything else raises.
+TRANSITIONS: Final[dict[SeedStage, frozenset[SeedStage]]] = {
+    SeedStage.DORMANT: frozenset({SeedStage.GERMINATED}),
+    SeedStage.GERMINATED: frozenset({SeedStage.TRAINING, SeedStage.PRUNED}),
+    SeedStage.TRAINING: frozenset({SeedStage.BLENDING, SeedStage.PRUNED}),
+    SeedStage.BLENDING: frozenset({SeedStage.HOLDING, SeedStage.PRUNED}),
+    SeedStage.HOLDING: frozenset({SeedStage.FOSSILIZED, SeedStage.BLENDING, SeedStage.PRUNED}),
+    SeedStage.FOSSILIZED: frozenset(),
+    SeedStage.PRUNED: frozenset({SeedStage.EMBARGOED}),
+    SeedStage.EMBARGOED: frozenset({SeedStage.RESETTING}),
+    SeedStage.RESETTING: frozenset({SeedStage.DORMANT}),
+}
+
+# --- Alpha controller ------------------------------------------------------------------
+ALPHA_TARGETS: Final = (0.5, 0.7, 1.0)
+ALPHA_SPEEDS: Final = (0, 3, 5, 8)  # epochs; 0 means instant
+TEMPOS: Final = (3, 5, 8)  # blend length (epochs) chosen at germination
+SIGMOID_STEEPNESS: Final[dict[AlphaCurve, float]] = {
+    AlphaCurve.SIGMOID_GENTLE: 6.0,
+    AlphaCurve.SIGMOID: 12.0,
+    AlphaCurve.SIGMOID_SHARP: 24.0,
+}
+STYLE_CURVE: Final[dict[GerminationStyle, AlphaCurve]] = {
+    GerminationStyle.LINEAR_ADD: AlphaCurve.LINEAR,
+    GerminationStyle.LINEAR_MULTIPLY: AlphaCurve.LINEAR,
+    GerminationStyle.SIGMOID_ADD: AlphaCurve.SIGMOID,
+    GerminationStyle.GATED_GATE: AlphaCurve.LINEAR,
+}
+STYLE_BLEND: Final[dict[GerminationStyle, BlendOp]] = {
+    GerminationStyle.LINEAR_ADD: BlendOp.ADD,
+    GerminationStyle.LINEAR_MULTIPLY: BlendOp.MULTIPLY,
+    GerminationStyle.SIGMOID_ADD: BlendOp.ADD,
+    GerminationStyle.GATED_GATE: BlendOp.GATE,
+}
+
+# --- Blueprints ------------------------------------------------------------------------
+CNN_BLUEPRINTS: Final = (
+    "norm",
+    "attention",
+    "conv_small",
+    "depthwise",
+    "bottleneck",
+    "conv_light",
+    "conv_heavy",
+)
+TRANSFORMER_BLUEPRINTS: Final = ("norm", "lora", "lora_large", "attention", "mlp_small", "mlp")
+#: The blueprint head indexes this union (masked per host topology).
+ALL_BLUEPRINTS: Final = (
+    "norm",
+    "attention",
+    "conv_small",
+    "depthwise",
+    "bottleneck",
+    "conv_light",
+    "conv_heavy",
+    "lora",
+    "lora_large",
+    "mlp_small",
+    "mlp",
+)
+LORA_RANK: Final = 8
+LORA_LARGE_RANK: Final = 32
+
+# --- Action heads ----------------------------------------------------------------------
+HEAD_NAMES: Final = (
+    "op",
+    "slot",
+    "blueprint",
+    "style",
+    "tempo",
+    "alpha_target",
+    "alpha_speed",
+    "alpha_curve",
+)
+#: Heads (besides op) whose value matters for each op; the rest take canonical values.
+RELEVANT_HEADS: Final[dict[LifecycleOp, frozenset[str]]] = {
+    LifecycleOp.WAIT: frozenset({"op"}),
+    LifecycleOp.GERMINATE: frozenset(
+        {"op", "slot", "blueprint", "style", "tempo", "alpha_target"}
+    ),
+    LifecycleOp.SET_ALPHA_TARGET: frozenset(
+        {"op", "slot", "style", "alpha_target", "alpha_speed", "alpha_curve"}
+    ),
+    LifecycleOp.PRUNE: frozenset({"op", "slot", "alpha_speed", "alpha_curve"}),
+    LifecycleOp.FOSSILIZE: frozenset({"op", "slot"}),
+    LifecycleOp.ADVANCE: frozenset({"op", "slot"}),
+}
+#: Canonical index for each head when irrelevant to the chosen op.
+CANONICAL_HEAD_VALUE: Final[dict[str, int]] = {
+    "op": 0,
+    "slot": 0,
+    "blueprint": 0,
+    "style": 0,
+    "tempo": 0,
+    "alpha_target": len(ALPHA_TARGETS) - 1,
+    "alpha_speed": 0,
+    "alpha_curve": 0,
+}
+
+# --- Optimisers (host and seeds) -------------------------------------------------------
+HOST_LR: Final = 0.01
+HOST_MOMENTUM: Final = 0.9
+HOST_WEIGHT_DECAY: Final = 5e-4
+SEED_LR: Final = 0.01
+
+# --- Seeding ---------------------------------------------------------------------------
+#: Strides that derive per-round / per-env seeds from the run seed without collisions.
+ROUND_SEED_STRIDE: Final = 1_000_003
+ENV_SEED_STRIDE: Final = 10_007

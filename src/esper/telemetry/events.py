@@ -1,0 +1,395 @@
+"""The v1 event catalogue: one frozen msgspec Struct per event type.
+
+Every event carries the envelope ``run_id, seq, ts_ns, rank, round, env, step``. The
+producer sets ``round``, ``env`` and ``step``; the hub stamps ``run_id``, ``seq``,
+``ts_ns`` and ``rank`` at emit time (O(1), see :mod:`esper.telemetry.hub`), which is why
+those four carry placeholder defaults. Payload fields are named scalars, enum values as
+strings, and small fixed lists; measurements that were not taken are NaN, never 0.
+
+Changing an existing field is a schema change: bump :data:`SCHEMA_VERSION` and
+regenerate ``schemas/`` (``esper schemas --write``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from esper.core.enums import TelemetryLevel
+
+SCHEMA_VERSION: Final = 1
+
+
+class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type"):
+    """Envelope shared by every event type."""
+
+    run_id: str = ""
+    seq: int = -1
+    ts_ns: int = 0
+    rank: int = 0
+    round: int = -1
+    env: int = -1
+    step: int = -1
+
+
+# --- Run and round ---------------------------------------------------------------------
+
+
+class RunStarted(Event, tag="run_started"):
+    config_json: str
+    config_hash: str
+    parent_run_id: str
+    resumed_from_round: int
+    esper_version: str
+    torch_version: str
+    python_version: str
+    platform: str
+    device: str
+    env_devices: list[str]
+    amp: str
+    compile_policy: bool
+    policy_kind: str
+    task: str
+    n_envs: int
+    episode_length: int
+    rounds: int
+    seed: int
+    telemetry_level: str
+    deterministic: bool
+
+
+class RunFinished(Event, tag="run_finished"):
+    status: str
+    rounds_completed: int
+    env_steps: int
+    wall_s: float
+    eps: float
+    events_emitted: int
+    rollbacks: int
+    error: str
+
+
+class RoundStarted(Event, tag="round_started"):
+    n_envs: int
+    episode_length: int
+    entropy_coef: float
+    lr: float
+
+
+class RoundFinished(Event, tag="round_finished"):
+    wall_s: float
+    eps: float
+    mean_episode_reward: float
+    mean_final_accuracy: float
+    rollbacks: int
+    train_ms: float
+    val_ms: float
+    policy_ms: float
+    action_ms: float
+    ppo_ms: float
+
+
+# --- Per env-step (level normal) -------------------------------------------------------
+
+
+class EnvStep(Event, tag="env_step"):
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    active_seeds: int
+    host_params: int
+    seed_params: int
+    train_ms: float
+    val_ms: float
+    features_ms: float
+    policy_ms: float
+
+
+class ActionTaken(Event, tag="action_taken"):
+    op: str
+    slot: str
+    blueprint: str
+    style: int
+    tempo: int
+    alpha_target: float
+    alpha_speed: int
+    alpha_curve: int
+    executed: bool
+    op_mask: list[bool]
+    n_valid_ops: int
+    masked_heads: list[str]
+    value: float
+    log_prob: float
+    op_prob: float
+
+
+class RewardComputed(Event, tag="reward_computed"):
+    family: str
+    op: str
+    attribution: float
+    stage_shaping: float
+    rent: float
+    alpha_shock: float
+    germinate_cost: float
+    fossilize_bonus: float
+    prune_penalty: float
+    invalid_penalty: float
+    loss_delta: float
+    terminal: float
+    rollback_penalty: float
+    total: float
+    normalized: float
+
+
+class CounterfactualComputed(Event, tag="counterfactual_computed"):
+    slots: list[str]
+    contributions: list[float]
+    unavailable_reasons: list[str]
+    shapley: list[float]
+    interaction: float
+    real_acc: float
+    all_off_acc: float
+    n_configs: int
+    exact_shapley: bool
+
+
+# --- Seed lifecycle (level lifecycle) --------------------------------------------------
+
+
+class SeedGerminated(Event, tag="seed_germinated"):
+    slot: str
+    seed_id: str
+    blueprint: str
+    style: int
+    blend_op: str
+    tempo: int
+    alpha_target: float
+    params: int
+    acc_at_germination: float
+
+
+class SeedStageChanged(Event, tag="seed_stage_changed"):
+    slot: str
+    seed_id: str
+    blueprint: str
+    from_stage: str
+    to_stage: str
+    epochs_in_prev_stage: int
+    alpha: float
+    initiator: str
+
+
+class GateEvaluated(Event, tag="gate_evaluated"):
+    slot: str
+    seed_id: str
+    gate: str
+    target_stage: str
+    passed: bool
+    checks_passed: list[str]
+    checks_failed: list[str]
+    message: str
+    strict: bool
+
+
+class SeedFossilized(Event, tag="seed_fossilized"):
+    slot: str
+    seed_id: str
+    blueprint: str
+    contribution: float
+    params: int
+    age_epochs: int
+
+
+class SeedPruned(Event, tag="seed_pruned"):
+    slot: str
+    seed_id: str
+    blueprint: str
+    reason: str
+    initiator: str
+    age_epochs: int
+    stage_at_prune: str
+    contribution: float
+    scheduled: bool
+
+
+# --- Safety, episodes, learning --------------------------------------------------------
+
+
+class GovernorRollback(Event, tag="governor_rollback"):
+    reason: str
+    loss: float
+    threshold: float
+    restored_to_step: int
+    seeds_pruned: list[str]
+    transitions_affected: int
+    penalty: float
+
+
+class EpisodeFinished(Event, tag="episode_finished"):
+    final_val_acc: float
+    final_val_loss: float
+    host_params: int
+    params_added: int
+    seeds_germinated: int
+    seeds_fossilized: int
+    seeds_pruned: int
+    episode_reward: float
+    rollbacks: int
+    rollback_penalty: float
+
+
+class PpoUpdate(Event, tag="ppo_update"):
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    entropy_op: float
+    entropy_slot: float
+    entropy_blueprint: float
+    entropy_style: float
+    entropy_tempo: float
+    entropy_alpha_target: float
+    entropy_alpha_speed: float
+    entropy_alpha_curve: float
+    clip_frac: float
+    clip_frac_op: float
+    clip_frac_slot: float
+    clip_frac_blueprint: float
+    clip_frac_style: float
+    clip_frac_tempo: float
+    clip_frac_alpha_target: float
+    clip_frac_alpha_speed: float
+    clip_frac_alpha_curve: float
+    approx_kl: float
+    explained_variance: float
+    grad_norm: float
+    lr: float
+    entropy_coef: float
+    epochs_run: int
+    minibatches: int
+    early_stopped: bool
+    skipped: bool
+    skip_reason: str
+    n_transitions: int
+    ratio_max: float
+    value_mean: float
+    return_mean: float
+
+
+class AnomalyDetected(Event, tag="anomaly_detected"):
+    kind: str
+    detail: str
+    value: float
+    threshold: float
+    escalated: bool
+
+
+class TelemetryLevelChanged(Event, tag="telemetry_level_changed"):
+    old_level: str
+    new_level: str
+    reason: str
+    until_round: int
+
+
+class CheckpointSaved(Event, tag="checkpoint_saved"):
+    path: str
+    bytes: int
+    next_round: int
+    seq_position: int
+
+
+class CheckpointLoaded(Event, tag="checkpoint_loaded"):
+    path: str
+    next_round: int
+    parent_run_id: str
+    seq_position: int
+
+
+class WriterStats(Event, tag="writer_stats"):
+    events_written: int
+    bytes_written: int
+    flushes: int
+    max_queue_depth: int
+    blocked_ns: int
+    blocked_emits: int
+    dropped: int
+
+
+# --- Debug ------------------------------------------------------------------------------
+
+
+class LayerGradStats(Event, tag="layer_grad_stats"):
+    layer: str
+    grad_norm: float
+    param_norm: float
+    grad_max_abs: float
+    zero_frac: float
+
+
+AnyEvent = (
+    RunStarted
+    | RunFinished
+    | RoundStarted
+    | RoundFinished
+    | EnvStep
+    | ActionTaken
+    | RewardComputed
+    | CounterfactualComputed
+    | SeedGerminated
+    | SeedStageChanged
+    | GateEvaluated
+    | SeedFossilized
+    | SeedPruned
+    | GovernorRollback
+    | EpisodeFinished
+    | PpoUpdate
+    | AnomalyDetected
+    | TelemetryLevelChanged
+    | CheckpointSaved
+    | CheckpointLoaded
+    | WriterStats
+    | LayerGradStats
+)
+
+#: Level of each event type: written when ``level <= run level``.
+EVENT_LEVELS: Final[dict[type[Event], TelemetryLevel]] = {
+    RunStarted: TelemetryLevel.LIFECYCLE,
+    RunFinished: TelemetryLevel.LIFECYCLE,
+    RoundStarted: TelemetryLevel.LIFECYCLE,
+    RoundFinished: TelemetryLevel.LIFECYCLE,
+    EnvStep: TelemetryLevel.NORMAL,
+    ActionTaken: TelemetryLevel.NORMAL,
+    RewardComputed: TelemetryLevel.NORMAL,
+    CounterfactualComputed: TelemetryLevel.NORMAL,
+    SeedGerminated: TelemetryLevel.LIFECYCLE,
+    SeedStageChanged: TelemetryLevel.LIFECYCLE,
+    GateEvaluated: TelemetryLevel.LIFECYCLE,
+    SeedFossilized: TelemetryLevel.LIFECYCLE,
+    SeedPruned: TelemetryLevel.LIFECYCLE,
+    GovernorRollback: TelemetryLevel.LIFECYCLE,
+    EpisodeFinished: TelemetryLevel.LIFECYCLE,
+    PpoUpdate: TelemetryLevel.LIFECYCLE,
+    AnomalyDetected: TelemetryLevel.LIFECYCLE,
+    TelemetryLevelChanged: TelemetryLevel.LIFECYCLE,
+    CheckpointSaved: TelemetryLevel.LIFECYCLE,
+    CheckpointLoaded: TelemetryLevel.LIFECYCLE,
+    WriterStats: TelemetryLevel.LIFECYCLE,
+    LayerGradStats: TelemetryLevel.DEBUG,
+}
+
+#: Event types by their tag (the ``type`` field and the directory name on disk).
+EVENT_TYPES: Final[dict[str, type[Event]]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in EVENT_LEVELS
+}
+
+#: Envelope field names, in order, present on every event.
+ENVELOPE_FIELDS: Final = Event.__struct_fields__
+
+
+def event_tag(cls: type[Event]) -> str:
+    """The type name an event class is stored under."""
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
