@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from esper.core.enums import AmpMode, PolicyKind, RewardFamily, TaskName, TelemetryLevel
+from esper.errors import UserError
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -23,7 +24,7 @@ NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user error in the configuration; the message names the key path."""
 
 
