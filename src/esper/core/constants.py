@@ -135,3 +135,34 @@ SEED_LR: Final = 0.01
 #: Strides that derive per-round / per-env seeds from the run seed without collisions.
 ROUND_SEED_STRIDE: Final = 1_000_003
 ENV_SEED_STRIDE: Final = 10_007
+
+# --- Policy: observations, masks, heuristic --------------------------------------------
+#: Epochs of loss/accuracy history carried in the observation.
+OBS_HISTORY_LEN: Final = 5
+#: The observation normaliser clips normalised features to +-this many std devs.
+OBS_CLIP: Final = 10.0
+#: Accuracies are percentages; features divide by this to put them in [0, 1].
+ACC_PERCENT_SCALE: Final = 100.0
+#: An epoch whose val accuracy does not beat the best so far by this many percentage
+#: points is a plateau epoch. (Accuracy, not loss: on small tasks the loss keeps falling
+#: by several percent per epoch long after accuracy has saturated.)
+PLATEAU_MIN_ACC_GAIN_PP: Final = 0.5
+#: The host counts as stabilised (a latch) once the epoch-over-epoch val accuracy gain has
+#: stayed below STABILISATION_MAX_ACC_GAIN_PP for STABILISATION_EPOCHS epochs in a row.
+STABILISATION_MAX_ACC_GAIN_PP: Final = 1.0
+STABILISATION_EPOCHS: Final = 3
+#: Plateau counts are clipped to this in the observation.
+PLATEAU_FEATURE_CAP: Final = 10
+#: Logit given to masked choices: large and finite so a fully-masked row never yields NaN.
+MASKED_LOGIT: Final = -1e9
+#: Heuristic germination choices: tempo (also its retarget speed; a member of TEMPOS and
+#: ALPHA_SPEEDS) and alpha target (a member of ALPHA_TARGETS).
+HEURISTIC_TEMPO: Final = 5
+HEURISTIC_ALPHA_TARGET: Final = 1.0
+#: The heuristic prunes a HOLDING seed that has not cleared the fossilize threshold after
+#: this many epochs, and a TRAINING seed stuck this many epochs past the G2 minimum.
+HEURISTIC_STALL_EPOCHS: Final = 5
+#: Blueprint rotation: each prune adds this penalty to the blueprint; penalties decay
+#: by this factor every decision.
+HEURISTIC_PRUNE_PENALTY: Final = 1.0
+HEURISTIC_PENALTY_DECAY: Final = 0.9

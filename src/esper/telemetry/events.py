@@ -222,6 +222,9 @@ class GovernorRollback(Event, tag="governor_rollback"):
     loss: float
     threshold: float
     restored_to_step: int
+    #: The transition that carries the penalty: the decision that led into the failed
+    #: epoch (step - 1), or step 0 when the panic happens on the first step.
+    penalized_step: int
     seeds_pruned: list[str]
     transitions_affected: int
     penalty: float

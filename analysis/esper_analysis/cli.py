@@ -1,0 +1,183 @@
+"""Command line of the analysis layer: ``esper analyze ...`` / ``python -m esper_analysis``.
+
+Every command takes a run directory. Output is rich tables for people, or JSON with
+``--json``. Exit codes: 0 success, 1 drift (``baseline check``), 2 usage error (bad
+arguments, missing run directory or baseline, corrupt file, newer schema), printed as
+one ``error: ...`` line without a traceback. Warnings (a crashed run, skipped files)
+go to stderr as ``warning: ...`` lines so ``--json`` output stays parseable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
+
+import polars as pl
+from rich.console import Console
+
+from esper.errors import UserError
+from esper_analysis.actions import action_distribution
+from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
+from esper_analysis.counts import event_counts
+from esper_analysis.errors import CorruptFileError
+from esper_analysis.lifecycles import seed_lifecycles
+from esper_analysis.loader import Run, load_run
+from esper_analysis.ppo import ppo_health
+from esper_analysis.result import AnalysisResult, jsonable
+from esper_analysis.rewards import reward_breakdown
+from esper_analysis.rollbacks import rollback_audit
+from esper_analysis.tables import DEFAULT_MAX_ROWS, print_result
+from esper_analysis.throughput import throughput
+
+EXIT_OK: Final = 0
+EXIT_DRIFT: Final = 1
+EXIT_USAGE: Final = 2
+
+#: Analyses that only read a run and print a result.
+ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
+    "counts": (event_counts, "event counts by type, round, env and step"),
+    "rewards": (reward_breakdown, "reward breakdown per env, episode, op and component"),
+    "rollbacks": (rollback_audit, "governor rollbacks, checked against buffer and episode"),
+    "lifecycles": (seed_lifecycles, "seed lifecycles and per-blueprint outcomes"),
+    "actions": (action_distribution, "op distribution per round and env"),
+    "ppo": (ppo_health, "PPO losses, entropy per head, KL, explained variance"),
+    "throughput": (throughput, "EPS and phase timings per round"),
+}
+#: Tables too long to be useful in a terminal (still in --json).
+_TEXT_SKIP: Final = frozenset({"segments"})
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="run directory (<telemetry_dir>/<run_id>)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULT_MAX_ROWS,
+        help=f"rows shown per table (default {DEFAULT_MAX_ROWS})",
+    )
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Analyse Esper telemetry runs (Parquet, polars)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in ANALYSES.items():
+        _common(sub.add_parser(name, help=help_text, description=help_text))
+    baseline = sub.add_parser("baseline", help="capture or check an event-count baseline")
+    bsub = baseline.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
+    capture = bsub.add_parser("capture", help="write a JSON baseline of a run")
+    _common(capture)
+    capture.add_argument("-o", "--output", required=True, metavar="FILE", help="baseline file")
+    check = bsub.add_parser("check", help="compare a run with a baseline (exit 1 on drift)")
+    _common(check)
+    check.add_argument("--baseline", required=True, metavar="FILE", help="baseline file")
+    report = sub.add_parser("report", help="write a self-contained HTML report")
+    _common(report)
+    report.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file")
+    report.add_argument("--baseline", metavar="FILE", help="also show the baseline status")
+    return parser
+
+
+def _run_info(run: Run) -> dict[str, Any]:
+    info: dict[str, Any] = {"run_id": run.run_id, "path": str(run.path), "status": run.status}
+    if run.recovery is not None:
+        info["recovery"] = run.recovery
+    return info
+
+
+def _emit(out: TextIO, run: Run, result: AnalysisResult, args: argparse.Namespace) -> None:
+    if args.json:
+        payload = {"run": _run_info(run), **result.to_json()}
+        out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
+        return
+    console = Console(file=out, width=max(100, Console(file=out).width))
+    console.print(f"[bold]run[/bold] {run.run_id} ({run.status.value}) — {run.path}")
+    print_result(result, console, max_rows=args.max_rows, skip=_TEXT_SKIP)
+
+
+def _baseline(args: argparse.Namespace, run: Run, out: TextIO) -> int:
+    if args.baseline_command == "capture":
+        data = write_baseline(run, args.output)
+        if args.json:
+            out.write(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+        else:
+            total = sum(data["counts"].values())
+            out.write(
+                f"baseline of run {run.run_id} written to {args.output} "
+                f"({len(data['counts'])} event types, {total} events)\n"
+            )
+        return EXIT_OK
+    result = check_baseline(run, read_baseline(args.baseline))
+    _emit(out, run, result, args)
+    if not args.json:
+        out.write(("OK: " if result.ok else "DRIFT: ") + result.message() + "\n")
+    return EXIT_OK if result.ok else EXIT_DRIFT
+
+
+def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
+    from esper_analysis.report import write_report
+
+    baseline = read_baseline(args.baseline) if args.baseline else None
+    path = write_report(run, args.output, baseline=baseline, baseline_source=args.baseline or "")
+    if args.json:
+        out.write(json.dumps({"report": str(path), "run": jsonable(_run_info(run))}) + "\n")
+    else:
+        out.write(f"report of run {run.run_id} written to {path}\n")
+    return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    run = load_run(args.run)
+    if run.recovery is not None:
+        err.write(f"warning: {run.recovery.message}\n")
+    try:
+        if args.command == "baseline":
+            return _baseline(args, run, out)
+        if args.command == "report":
+            return _report(args, run, out)
+        analysis, _ = ANALYSES[args.command]
+        _emit(out, run, analysis(run), args)
+    except pl.exceptions.ComputeError as exc:
+        bad = run.find_corrupt_files()  # a scan failed: bad data pages, or a bug
+        if not bad:
+            raise
+        where = ", ".join(b.path for b in bad)
+        first_line = str(exc).splitlines()[0]
+        raise CorruptFileError(f"corrupt Parquet data in {where}: {first_line}") from None
+    return EXIT_OK
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    prog: str = "esper analyze",
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run one analysis command; returns the exit code (never raises SystemExit)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse reports usage errors (2) and --help (0) this way
+        return int(exc.code or 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            code = _dispatch(args, out, err)
+        except UserError as exc:
+            err.write(f"error: {exc}\n")
+            code = exc.exit_code
+        except OSError as exc:
+            err.write(f"error: {exc}\n")
+            code = EXIT_USAGE
+    for w in caught:
+        err.write(f"warning: {w.message}\n")
+    return code

@@ -1,0 +1,505 @@
+"""Load run directories as lazy polars frames per event type, tolerant of crashes.
+
+A run directory is ``<run_id>/manifest.json`` plus
+``<run_id>/events/<event_type>/rank=<r>/part-<n>.parquet``. Only Parquet *footers* are
+read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
+
+Corrupt files: in a run whose writer closed cleanly (manifest status finished, failed
+or interrupted) an unreadable Parquet file is an error that names the file, because
+silently analysing part of a finished run would give wrong answers. In a run whose
+manifest still says ``running`` (killed, or still live) unreadable files are skipped
+with a warning and listed in :attr:`Run.recovery`, because reading what a crash left is
+the point there.
+
+Duplicates: events are unique on ``(rank, seq)``. When the files of one type and rank
+have overlapping ``seq`` ranges (a crash during compaction leaves the small parts and
+the compacted file side by side) or lack statistics, the scan deduplicates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import socket
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Final
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from esper.core.enums import RunStatus
+from esper.telemetry.events import SCHEMA_VERSION
+from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
+from esper_analysis.schema import empty_frame, event_schema, known_event_types
+
+MANIFEST_NAME: Final = "manifest.json"
+#: Ranks other than 0 write ``manifest-rank<r>.json`` beside rank 0's manifest.
+_RANK_MANIFEST = re.compile(r"^manifest-rank(\d+)\.json$")
+EVENTS_DIR: Final = "events"
+_RANK_DIR = re.compile(r"^rank=(\d+)$")
+_PART_NUMBER = re.compile(r"(\d+)")
+#: Parquet key-value metadata keys that may carry the schema version (first match wins).
+SCHEMA_VERSION_KEYS: Final = (b"esper.schema_version", b"schema_version", b"esper_schema_version")
+#: A ``running`` manifest is stale (its producer is dead) when its heartbeat is older than
+#: this many flush intervals, and at least :data:`MIN_STALE_S`; same rule as the writer's.
+STALE_INTERVALS: Final = 10
+MIN_STALE_S: Final = 5.0
+_DEFAULT_FLUSH_S: Final = 1.0
+_NS_PER_S: Final = 1_000_000_000
+_CLOSED_STATUSES: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
+_CAST: Final = pl.ScanCastOptions(
+    integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
+)
+_DEDUP_KEY: Final = ("rank", "seq")
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One Parquet part file, described from its footer alone."""
+
+    path: Path
+    event_type: str
+    rank: int
+    rows: int
+    schema_version: int | None
+    seq_min: int | None
+    seq_max: int | None
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What could be read from a run that did not close cleanly."""
+
+    status: RunStatus
+    files_read: tuple[str, ...]
+    files_skipped: tuple[SkippedFile, ...]
+    events: int
+    last_seq: dict[int, int]
+    seq_gaps: dict[int, int]
+    manifest_last_seq: dict[int, int]
+    message: str
+
+
+@dataclass
+class Run:
+    """One run directory: manifest, part files per event type, lazy scans."""
+
+    path: Path
+    manifests: dict[int, dict[str, Any]]
+    files: dict[str, list[PartFile]]
+    skipped: list[SkippedFile] = field(default_factory=list)
+    unknown_types: list[str] = field(default_factory=list)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """Rank 0's manifest (the run's own), or the lowest rank's when rank 0 has none."""
+        if not self.manifests:
+            return {}
+        return self.manifests.get(0) or self.manifests[min(self.manifests)]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id") or self.path.name)
+
+    @property
+    def config_hash(self) -> str:
+        return str(self.manifest.get("config_hash") or "")
+
+    @property
+    def schema_version(self) -> int:
+        versions = [f.schema_version for fs in self.files.values() for f in fs]
+        known = [v for v in versions if v is not None]
+        manifest_v = _as_int(self.manifest.get("schema_version"))
+        return max([*known, manifest_v or 0]) or SCHEMA_VERSION
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """Event types with at least one row on disk, in catalogue order."""
+        return tuple(t for t in known_event_types() if self.rows_on_disk(t) > 0)
+
+    def rows_on_disk(self, event_type: str) -> int:
+        """Rows in the footers (before deduplication); cheap, no data read."""
+        return sum(f.rows for f in self.files.get(event_type, ()))
+
+    def needs_dedup(self, event_type: str) -> bool:
+        """Whether some files of this type may hold the same ``(rank, seq)``."""
+        by_rank: dict[int, list[PartFile]] = {}
+        for f in self.files.get(event_type, ()):
+            by_rank.setdefault(f.rank, []).append(f)
+        for parts in by_rank.values():
+            if len(parts) < 2:
+                continue
+            if any(p.seq_min is None or p.seq_max is None for p in parts):
+                return True
+            spans = sorted((int(p.seq_min or 0), int(p.seq_max or 0)) for p in parts)
+            if any(b[0] <= a[1] for a, b in itertools.pairwise(spans)):
+                return True
+        return False
+
+    def scan(self, event_type: str) -> pl.LazyFrame:
+        """All ranks of one event type, typed by the current catalogue (empty if none)."""
+        schema = event_schema(event_type)
+        files = self.files.get(event_type, [])
+        if not files:
+            return empty_frame(event_type)
+        by_rank: dict[int, list[str]] = {}
+        for f in files:
+            by_rank.setdefault(f.rank, []).append(str(f.path))
+        frames = [
+            pl.scan_parquet(
+                paths,
+                schema=schema,
+                hive_partitioning=False,
+                missing_columns="insert",
+                extra_columns="ignore",
+                cast_options=_CAST,
+            ).with_columns(pl.col("rank").fill_null(rank))
+            for rank, paths in sorted(by_rank.items())
+        ]
+        lf = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+        if self.needs_dedup(event_type):
+            lf = lf.unique(subset=list(_DEDUP_KEY), keep="first", maintain_order=True)
+        return lf
+
+    def count(self, event_type: str) -> int:
+        """Number of distinct events of a type (footer sum unless dedup is needed)."""
+        if not self.needs_dedup(event_type):
+            return self.rows_on_disk(event_type)
+        return int(self.scan(event_type).select(pl.len()).collect().item())
+
+    def find_corrupt_files(self) -> list[SkippedFile]:
+        """Files whose data pages fail to decode (footers were checked at load time).
+
+        Reads every file in full, so it is only called after a scan failed, to name
+        the culprit.
+        """
+        bad = []
+        for parts in self.files.values():
+            for part in parts:
+                try:
+                    pq.read_table(part.path)
+                except (OSError, pa.ArrowException) as exc:
+                    bad.append(SkippedFile(str(part.path), str(exc)))
+        return bad
+
+    @cached_property
+    def status(self) -> RunStatus:
+        """finished / failed / interrupted / crashed (or running, while the producer lives).
+
+        The ``run_finished`` event wins when present; otherwise the manifests decide, the
+        worst rank first: a ``running`` manifest with a dead producer, or no manifest at
+        all, is a crash.
+        """
+        if self.rows_on_disk("run_finished"):
+            last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
+            parsed = _parse_status(last)
+            if parsed in _CLOSED_STATUSES:
+                return parsed
+        statuses = [manifest_status(m) for m in self.manifests.values()]
+        if not statuses or any(s in (None, RunStatus.CRASHED) for s in statuses):
+            return RunStatus.CRASHED
+        if RunStatus.RUNNING in statuses:
+            return RunStatus.RUNNING
+        for worst in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+            if worst in statuses:
+                return worst
+        return RunStatus.FINISHED
+
+    @cached_property
+    def recovery(self) -> Recovery | None:
+        """For a crashed (or still running) run: files read, events, last seq per rank."""
+        if self.status in _CLOSED_STATUSES:
+            return None
+        return _recovery(self)
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _parse_status(value: Any) -> RunStatus | None:
+    try:
+        return RunStatus(str(value).lower())
+    except ValueError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> RunStatus | None:
+    """The manifest's status, with a stale ``running`` (dead producer) as ``crashed``.
+
+    Dead means: same host and the pid is gone, or no heartbeat for
+    ``max(MIN_STALE_S, STALE_INTERVALS * flush_interval_s)`` seconds.
+    """
+    status = _parse_status(manifest.get("status"))
+    if status is not RunStatus.RUNNING:
+        return status
+    pid = _as_int(manifest.get("pid"))
+    same_host = manifest.get("hostname") == socket.gethostname()
+    if same_host and pid is not None and not _pid_alive(pid):
+        return RunStatus.CRASHED
+    beat = _as_int(manifest.get("heartbeat_ns"))
+    if beat is None:
+        return RunStatus.CRASHED
+    flush_s = manifest.get("flush_interval_s", _DEFAULT_FLUSH_S)
+    stale_s = max(MIN_STALE_S, STALE_INTERVALS * float(flush_s))
+    now = time.time_ns() if now_ns is None else now_ns
+    return RunStatus.CRASHED if now - beat > stale_s * _NS_PER_S else RunStatus.RUNNING
+
+
+def _recovery(run: Run) -> Recovery:
+    frames = [
+        run.scan(t).select("rank", "seq") for t in known_event_types() if run.rows_on_disk(t) > 0
+    ]
+    last_seq: dict[int, int] = {}
+    gaps: dict[int, int] = {}
+    events = 0
+    if frames:
+        per_rank = (
+            pl.concat(frames)
+            .group_by("rank")
+            .agg(
+                n=pl.col("seq").n_unique(),
+                lo=pl.col("seq").min(),
+                hi=pl.col("seq").max(),
+            )
+            .sort("rank")
+            .collect()
+        )
+        for rank, n, lo, hi in per_rank.iter_rows():
+            last_seq[int(rank)] = int(hi)
+            gaps[int(rank)] = int(hi) - int(lo) + 1 - int(n)
+            events += int(n)
+    files_read = tuple(str(f.path.relative_to(run.path)) for fs in run.files.values() for f in fs)
+    manifest_last = {r: _as_int(m.get("last_seq")) for r, m in run.manifests.items()}
+    seq_text = ", ".join(f"rank {r}: {s}" for r, s in last_seq.items()) or "none"
+    message = (
+        f"run {run.run_id} is {run.status.value}: recovered {events} events from "
+        f"{len(files_read)} files (last seq {seq_text})"
+    )
+    if run.skipped:
+        message += f"; skipped {len(run.skipped)} unreadable file(s)"
+    if any(gaps.values()):
+        message += f"; {sum(gaps.values())} seq gap(s)"
+    return Recovery(
+        status=run.status,
+        files_read=files_read,
+        files_skipped=tuple(run.skipped),
+        events=events,
+        last_seq=last_seq,
+        seq_gaps=gaps,
+        manifest_last_seq={r: v for r, v in manifest_last.items() if v is not None},
+        message=message,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptFileError(f"cannot read manifest {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"manifest {path} is not a JSON object")
+    return data
+
+
+def _read_manifests(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every rank's manifest: ``manifest.json`` (rank 0) and ``manifest-rank<r>.json``."""
+    manifests: dict[int, dict[str, Any]] = {}
+    for path in sorted(run_dir.glob("manifest*.json")):
+        match = _RANK_MANIFEST.match(path.name)
+        if path.name != MANIFEST_NAME and match is None:
+            continue
+        data = _read_json(path)
+        _check_version(_as_int(data.get("schema_version")), path)
+        rank = _as_int(data.get("rank"))
+        if rank is None:
+            rank = int(match.group(1)) if match else 0
+        manifests[rank] = data
+    return manifests
+
+
+def _file_version(meta: pq.FileMetaData) -> int | None:
+    kv = meta.metadata or {}
+    for key in SCHEMA_VERSION_KEYS:
+        if key in kv:
+            return _as_int(kv[key].decode("utf-8", "replace"))
+    return None
+
+
+def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
+    names = meta.schema.names
+    if "seq" not in names or meta.num_row_groups == 0:
+        return None, None
+    col = names.index("seq")
+    lo: int | None = None
+    hi: int | None = None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lo = int(stats.min) if lo is None else min(lo, int(stats.min))
+        hi = int(stats.max) if hi is None else max(hi, int(stats.max))
+    return lo, hi
+
+
+def _describe(path: Path, event_type: str, rank: int) -> PartFile:
+    meta = pq.read_metadata(path)
+    lo, hi = _seq_range(meta)
+    return PartFile(
+        path=path,
+        event_type=event_type,
+        rank=rank,
+        rows=meta.num_rows,
+        schema_version=_file_version(meta),
+        seq_min=lo,
+        seq_max=hi,
+    )
+
+
+def _part_key(path: Path) -> tuple[int, str]:
+    numbers = _PART_NUMBER.findall(path.stem)
+    return (int(numbers[-1]) if numbers else -1, path.name)
+
+
+def _part_paths(type_dir: Path) -> Iterable[tuple[int, Path]]:
+    for rank_dir in sorted(p for p in type_dir.iterdir() if p.is_dir()):
+        match = _RANK_DIR.match(rank_dir.name)
+        if match is None:
+            continue
+        parts = [
+            p
+            for p in rank_dir.iterdir()
+            if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_"))
+        ]
+        for p in sorted(parts, key=_part_key):
+            yield int(match.group(1)), p
+
+
+def _check_version(version: int | None, where: Path) -> None:
+    if version is not None and version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            f"{where} was written with telemetry schema version {version}, newer than the "
+            f"version this code reads ({SCHEMA_VERSION}); upgrade esper to analyse it"
+        )
+
+
+_Discovered = tuple[dict[str, list[PartFile]], list[SkippedFile], list[str]]
+
+
+def _superseded(run_dir: Path, manifests: dict[int, dict[str, Any]]) -> set[Path]:
+    """Inputs of interrupted compactions whose output is already in place.
+
+    The writer records a compaction in the manifest before renaming its output into
+    place; if it died before deleting the inputs, both are on disk and the inputs must
+    be skipped (deduplication would also catch it, at a higher price).
+    """
+    events_dir = run_dir / EVENTS_DIR
+    out: set[Path] = set()
+    for manifest in manifests.values():
+        for record in manifest.get("pending_compactions") or ():
+            if not isinstance(record, dict) or not record.get("output"):
+                continue
+            if (events_dir / str(record["output"])).is_file():
+                out.update(events_dir / str(p) for p in record.get("inputs") or ())
+    return out
+
+
+def _discover(run_dir: Path, tolerant: bool, skip: set[Path]) -> _Discovered:
+    files: dict[str, list[PartFile]] = {}
+    skipped: list[SkippedFile] = []
+    unknown: list[str] = []
+    events_dir = run_dir / EVENTS_DIR
+    if not events_dir.is_dir():
+        return files, skipped, unknown
+    known = set(known_event_types())
+    for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir()):
+        event_type = type_dir.name
+        for rank, path in _part_paths(type_dir):
+            if path in skip:
+                continue
+            try:
+                part = _describe(path, event_type, rank)
+            except (OSError, pa.ArrowException) as exc:
+                if not tolerant:
+                    raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
+                reason = f"unreadable Parquet ({exc})"
+                warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
+                skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
+                continue
+            _check_version(part.schema_version, path)
+            if event_type not in known:
+                if event_type not in unknown:
+                    unknown.append(event_type)
+                continue
+            files.setdefault(event_type, []).append(part)
+    return files, skipped, unknown
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / MANIFEST_NAME).is_file() or (path / EVENTS_DIR).is_dir()
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """Open one run directory (all ranks); raises a one-line error for user mistakes."""
+    run_dir = Path(path)
+    if not run_dir.exists():
+        raise RunNotFoundError(f"run directory {run_dir} does not exist")
+    if not run_dir.is_dir() or not is_run_dir(run_dir):
+        raise RunNotFoundError(
+            f"{run_dir} is not a run directory (expected {MANIFEST_NAME} and {EVENTS_DIR}/)"
+        )
+    manifests = _read_manifests(run_dir)
+    tolerant = not manifests or any(
+        _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
+    )
+    files, skipped, unknown = _discover(run_dir, tolerant, _superseded(run_dir, manifests))
+    if unknown:
+        warnings.warn(
+            f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
+            stacklevel=2,
+        )
+    return Run(
+        path=run_dir, manifests=manifests, files=files, skipped=skipped, unknown_types=unknown
+    )
+
+
+def load_runs(path: str | os.PathLike[str]) -> list[Run]:
+    """Open every run directory directly under ``path`` (or ``path`` itself if it is one)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise RunNotFoundError(f"directory {root} does not exist")
+    if is_run_dir(root):
+        return [load_run(root)]
+    runs = [load_run(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run_dir(p)]
+    if not runs:
+        raise RunNotFoundError(f"no run directories under {root}")
+    return runs

@@ -1,0 +1,369 @@
+"""A small inline-SVG plotting kit for the HTML report (no JS, no network, no deps).
+
+Charts are strings of ``<svg>`` markup to embed directly in HTML. Each carries
+``class="plot"``, a ``data-plot`` name and ``data-points`` (points actually drawn), so
+a test can check in a browser that real data was plotted. Long series are reduced to
+at most :data:`MAX_POINTS` bucket means; non-finite values break a line rather than
+being drawn as zeros.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+MAX_POINTS: Final = 600
+WIDTH: Final = 560
+HEIGHT: Final = 260
+_MARGIN_L, _MARGIN_R, _MARGIN_T, _MARGIN_B = 58, 16, 30, 40
+_TICKS: Final = 5
+_LEGEND_ROW: Final = 14
+#: Extra right margin that holds a legend beside the plot area.
+_LEGEND_W: Final = 130
+#: Colour-blind-friendly categorical palette (Okabe-Ito, then greys).
+PALETTE: Final = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#999999",
+    "#7F3C8D",
+    "#11A579",
+    "#3969AC",
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    xs: Sequence[float]
+    ys: Sequence[float]
+    color: str = ""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One bar of a timeline: lane index, start and end on the x axis, category."""
+
+    lane: int
+    x0: float
+    x1: float
+    category: str
+
+
+def _text(klass: str, x: float, y: float, text: str, anchor: str = "start") -> str:
+    return (
+        f'<text class="{klass}" x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}">'
+        f"{html.escape(text)}</text>"
+    )
+
+
+def _grid_line(x1: float, y1: float, x2: float, y2: float) -> str:
+    return f'<line class="grid" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>'
+
+
+def color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def nice_ticks(lo: float, hi: float, n: int = _TICKS) -> list[float]:
+    """Round tick values covering ``[lo, hi]`` (1, 2, 2.5 or 5 times a power of ten)."""
+    if not (_finite(lo) and _finite(hi)):
+        return []
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / max(1, n)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.floor(lo / step + 1e-9)
+    last = math.ceil(hi / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
+
+
+def fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e5 or abs(v) < 1e-3:
+        return f"{v:.1e}"
+    return f"{v:.4g}"
+
+
+def downsample(
+    xs: Sequence[float], ys: Sequence[float], limit: int = MAX_POINTS
+) -> tuple[list[float], list[float]]:
+    """Bucket means down to ``limit`` points (NaN buckets stay NaN, breaking the line)."""
+    n = len(xs)
+    if n <= limit:
+        return list(map(float, xs)), [float(y) if y is not None else math.nan for y in ys]
+    out_x, out_y = [], []
+    for b in range(limit):
+        lo, hi = b * n // limit, (b + 1) * n // limit
+        bx = [float(x) for x in xs[lo:hi]]
+        by = [float(y) for y in ys[lo:hi] if _finite(y)]
+        out_x.append(sum(bx) / len(bx))
+        out_y.append(sum(by) / len(by) if by else math.nan)
+    return out_x, out_y
+
+
+class _Frame:
+    """Maps data coordinates to pixels and draws axes, ticks, labels and a title."""
+
+    def __init__(
+        self,
+        x_range: tuple[float, float],
+        y_range: tuple[float, float],
+        *,
+        width: int,
+        height: int,
+        legend: bool = False,
+    ) -> None:
+        self.width, self.height = width, height
+        self.xt = nice_ticks(*x_range)
+        self.yt = nice_ticks(*y_range)
+        self.x0, self.x1 = (self.xt[0], self.xt[-1]) if len(self.xt) > 1 else x_range
+        self.y0, self.y1 = (self.yt[0], self.yt[-1]) if len(self.yt) > 1 else y_range
+        if self.x1 == self.x0:
+            self.x1 = self.x0 + 1
+        if self.y1 == self.y0:
+            self.y1 = self.y0 + 1
+        self.left = _MARGIN_L
+        self.right = width - _MARGIN_R - (_LEGEND_W if legend else 0)
+        self.top, self.bottom = _MARGIN_T, height - _MARGIN_B
+
+    def px(self, x: float) -> float:
+        return self.left + (x - self.x0) / (self.x1 - self.x0) * (self.right - self.left)
+
+    def py(self, y: float) -> float:
+        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * (self.bottom - self.top)
+
+    def axes(self, title: str, x_label: str, y_label: str, *, y_ticks: bool = True) -> list[str]:
+        out = [
+            f'<text class="title" x="{self.left}" y="18">{html.escape(title)}</text>',
+            f'<rect class="area" x="{self.left}" y="{self.top}" width="{self.right - self.left}" '
+            f'height="{self.bottom - self.top}"/>',
+        ]
+        for t in self.xt:
+            x = self.px(t)
+            out.append(_grid_line(x, self.top, x, self.bottom))
+            out.append(_text("tick", x, self.bottom + 14, fmt(t), "middle"))
+        if y_ticks:
+            for t in self.yt:
+                y = self.py(t)
+                out.append(_grid_line(self.left, y, self.right, y))
+                out.append(_text("tick", self.left - 6, y + 4, fmt(t), "end"))
+        out.append(
+            f'<text class="label" x="{(self.left + self.right) / 2:.0f}" y="{self.bottom + 32}" '
+            f'text-anchor="middle">{html.escape(x_label)}</text>'
+        )
+        mid = (self.top + self.bottom) / 2
+        out.append(
+            f'<text class="label" transform="translate(12,{mid:.0f}) rotate(-90)" '
+            f'text-anchor="middle">{html.escape(y_label)}</text>'
+        )
+        return out
+
+
+def _svg(name: str, points: int, width: int, height: int, body: list[str]) -> str:
+    return (
+        f'<svg class="plot" data-plot="{html.escape(name)}" data-points="{points}" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">'
+        + "".join(body)
+        + "</svg>"
+    )
+
+
+def empty_plot(name: str, title: str, message: str, *, width: int = WIDTH, height: int = 80) -> str:
+    body = [
+        f'<text class="title" x="{_MARGIN_L}" y="18">{html.escape(title)}</text>',
+        f'<text class="empty" x="{_MARGIN_L}" y="48">{html.escape(message)}</text>',
+    ]
+    return _svg(name, 0, width, height, body)
+
+
+def _legend(names: Sequence[str], colors: Sequence[str], frame: _Frame) -> list[str]:
+    out = []
+    for i, (name, c) in enumerate(zip(names, colors, strict=True)):
+        y = frame.top + 4 + i * _LEGEND_ROW
+        x = frame.right + 10
+        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{c}"/>')
+        out.append(f'<text class="legend" x="{x + 14}" y="{y + 9}">{html.escape(name)}</text>')
+    return out
+
+
+def line_chart(
+    name: str,
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
+    """Lines (one path per series, broken at non-finite values) with a legend."""
+    drawn = [(s, *downsample(s.xs, s.ys)) for s in series if len(s.xs)]
+    values = [(x, y) for _, xs, ys in drawn for x, y in zip(xs, ys, strict=True) if _finite(y)]
+    if not values:
+        return empty_plot(name, title, "no data")
+    xs_all = [v[0] for v in values]
+    ys_all = [v[1] for v in values]
+    frame = _Frame(
+        (min(xs_all), max(xs_all)),
+        (min(ys_all), max(ys_all)),
+        width=width,
+        height=height,
+        legend=len(drawn) > 1,
+    )
+    body = frame.axes(title, x_label, y_label)
+    colors = []
+    for i, (s, xs, ys) in enumerate(drawn):
+        c = s.color or color(i)
+        colors.append(c)
+        cmds, pen_down = [], False
+        for x, y in zip(xs, ys, strict=True):
+            if not _finite(y):
+                pen_down = False
+                continue
+            cmds.append(f"{'L' if pen_down else 'M'}{frame.px(x):.1f},{frame.py(y):.1f}")
+            pen_down = True
+        body.append(
+            f'<path class="series" data-series="{html.escape(s.name)}" d="{" ".join(cmds)}" '
+            f'stroke="{c}" fill="none"/>'
+        )
+        if len(cmds) == 1:
+            x, y = cmds[0][1:].split(",")
+            body.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{c}"/>')
+    if len(drawn) > 1:
+        body += _legend([s.name for s, _, _ in drawn], colors, frame)
+    return _svg(name, len(values), width, height, body)
+
+
+def bar_chart(
+    name: str,
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    y_label: str,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
+    """Vertical bars, one per label, coloured by position."""
+    pairs = [(lab, float(v)) for lab, v in zip(labels, values, strict=True) if _finite(v)]
+    if not pairs:
+        return empty_plot(name, title, "no data")
+    top = max(0.0, *(v for _, v in pairs))
+    low = min(0.0, *(v for _, v in pairs))
+    frame = _Frame((0, len(pairs)), (low, top), width=width, height=height)
+    frame.xt = []
+    body = frame.axes(title, "", y_label)
+    slot = (frame.right - frame.left) / len(pairs)
+    for i, (label, v) in enumerate(pairs):
+        x = frame.left + i * slot + slot * 0.15
+        y0, y1 = sorted((frame.py(0), frame.py(v)))
+        body.append(
+            f'<rect class="bar" x="{x:.1f}" y="{y0:.1f}" width="{slot * 0.7:.1f}" '
+            f'height="{max(y1 - y0, 1):.1f}" fill="{color(i)}">'
+            f"<title>{html.escape(label)}: {fmt(v)}</title></rect>"
+        )
+        body.append(
+            f'<text class="tick" x="{x + slot * 0.35:.1f}" y="{frame.bottom + 14}" '
+            f'text-anchor="middle">{html.escape(label[:12])}</text>'
+        )
+    return _svg(name, len(pairs), width, height, body)
+
+
+def stacked_bars(
+    name: str,
+    title: str,
+    xs: Sequence[float],
+    stacks: dict[str, Sequence[float]],
+    *,
+    x_label: str,
+    y_label: str,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
+    """Stacked columns at each x (e.g. op shares per round), with a legend."""
+    if not xs or not stacks:
+        return empty_plot(name, title, "no data")
+    totals = [sum(float(stacks[k][i]) for k in stacks) for i in range(len(xs))]
+    step = min((b - a for a, b in itertools.pairwise(xs)), default=1.0) or 1.0
+    frame = _Frame(
+        (min(xs), max(xs) + step),
+        (0.0, max(totals) or 1.0),
+        width=width,
+        height=height,
+        legend=True,
+    )
+    body = frame.axes(title, x_label, y_label)
+    bar_w = max((frame.px(xs[0] + step) - frame.px(xs[0])) * 0.9, 1.0)
+    drawn = 0
+    for i, x in enumerate(xs):
+        base = 0.0
+        for j, key in enumerate(stacks):
+            v = float(stacks[key][i])
+            if v <= 0:
+                continue
+            y_top, y_bot = frame.py(base + v), frame.py(base)
+            body.append(
+                f'<rect class="bar" x="{frame.px(x):.1f}" y="{y_top:.1f}" width="{bar_w:.1f}" '
+                f'height="{max(y_bot - y_top, 0.5):.1f}" fill="{color(j)}"/>'
+            )
+            base += v
+            drawn += 1
+    body += _legend(list(stacks), [color(j) for j in range(len(stacks))], frame)
+    return _svg(name, drawn, width, height, body)
+
+
+def timeline(
+    name: str,
+    title: str,
+    lanes: Sequence[str],
+    segments: Sequence[Segment],
+    categories: Sequence[str],
+    *,
+    x_label: str,
+    width: int = WIDTH * 2,
+    lane_height: int = 16,
+) -> str:
+    """Horizontal bars per lane (e.g. a seed's stages per env and slot)."""
+    if not segments:
+        return empty_plot(name, title, "no seeds germinated")
+    height = _MARGIN_T + _MARGIN_B + lane_height * len(lanes) + _LEGEND_ROW + 4
+    lo = min(s.x0 for s in segments)
+    hi = max(s.x1 for s in segments)
+    frame = _Frame((lo, hi), (0, len(lanes)), width=width, height=height)
+    frame.left = _MARGIN_L + 40
+    frame.bottom = frame.top + lane_height * len(lanes)
+    body = frame.axes(title, x_label, "", y_ticks=False)
+    for i, lane in enumerate(lanes):
+        y = frame.top + i * lane_height
+        body.append(_text("tick", frame.left - 6, y + lane_height - 4, lane, "end"))
+    palette = {c: color(i) for i, c in enumerate(categories)}
+    min_w = 2.0
+    for s in segments:
+        x0, x1 = frame.px(s.x0), frame.px(s.x1)
+        y = frame.top + s.lane * lane_height + 2
+        body.append(
+            f'<rect class="segment" data-stage="{html.escape(s.category)}" x="{x0:.1f}" y="{y}" '
+            f'width="{max(x1 - x0, min_w):.1f}" height="{lane_height - 4}" '
+            f'fill="{palette.get(s.category, "#999")}"/>'
+        )
+    for i, c in enumerate(categories):
+        x = frame.left + i * 110
+        y = frame.bottom + _MARGIN_B - 4
+        body.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{palette[c]}"/>')
+        body.append(f'<text class="legend" x="{x + 14}" y="{y + 9}">{html.escape(c)}</text>')
+    return _svg(name, len(segments), width, height, body)

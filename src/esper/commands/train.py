@@ -1,0 +1,90 @@
+"""``esper train``: PPO training with telemetry. Torch is imported only inside ``run``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from esper.config import Config, load_config, with_overrides
+from esper.core.enums import PolicyKind, TelemetryLevel
+
+HELP = "train the seed policy with vectorized PPO (telemetry to Parquet)"
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML or JSON config (strict)")
+    parser.add_argument("--task", help="digits (default) | cifar10 | synthetic | text")
+    parser.add_argument("--data-path", help="local dataset directory/file (cifar10, text)")
+    parser.add_argument("--envs", type=int, metavar="N", help="parallel envs (host networks)")
+    parser.add_argument("--rounds", type=int, metavar="R", help="PPO rounds (one update each)")
+    parser.add_argument(
+        "--episode-length", type=int, metavar="T", help="steps (epochs) per episode"
+    )
+    parser.add_argument("--seed", type=int, metavar="S")
+    parser.add_argument("--batch-size", type=int, metavar="B", help="per-env batch size")
+    parser.add_argument("--telemetry-dir", metavar="DIR")
+    parser.add_argument("--run-id", metavar="ID")
+    parser.add_argument("--telemetry-level", choices=[lv.name.lower() for lv in TelemetryLevel])
+    parser.add_argument("--device", help="cpu | cuda | cuda:K")
+    parser.add_argument("--env-devices", nargs="+", metavar="DEV", help="round-robin env devices")
+    parser.add_argument("--amp", choices=["off", "fp16", "bf16"], help="mixed precision (CUDA)")
+    parser.add_argument(
+        "--compile", action="store_true", default=None, help="torch.compile the policy"
+    )
+    parser.add_argument(
+        "--save", metavar="PATH", help="checkpoint path (default: <run dir>/checkpoint.pt)"
+    )
+    parser.add_argument("--resume", metavar="PATH", help="resume from a checkpoint")
+    parser.add_argument(
+        "--continue-run",
+        action="store_true",
+        help="with --resume: continue the same run id and sequence (default: new linked run)",
+    )
+    parser.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="testing aid, repeatable: nan:env=E,round=R,step=S | policy_nan:round=R | "
+        "data_error:round=R,step=S",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+_OVERRIDES = {
+    "task": "task.name",
+    "data_path": "task.data_path",
+    "envs": "run.n_envs",
+    "rounds": "run.rounds",
+    "episode_length": "run.episode_length",
+    "seed": "run.seed",
+    "batch_size": "task.batch_size",
+    "telemetry_dir": "telemetry.dir",
+    "run_id": "run.run_id",
+    "telemetry_level": "telemetry.level",
+    "device": "run.device",
+    "env_devices": "run.env_devices",
+    "amp": "run.amp",
+    "compile": "policy.compile",
+}
+
+
+def build_config(args: argparse.Namespace, kind: PolicyKind) -> Config:
+    cfg = load_config(args.config) if args.config else Config()
+    overrides: dict[str, Any] = {"policy.kind": kind.value}
+    for attr, path in _OVERRIDES.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides[path] = value
+    return with_overrides(cfg, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_with_kind(args, PolicyKind.PPO)
+
+
+def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
+    cfg = build_config(args, kind)
+    from esper.commands.train_ui import run_training  # imports torch
+
+    return run_training(cfg, args)

@@ -1,0 +1,116 @@
+"""Terminal side of ``esper train``/``esper heuristic``: progress bar, summary, exit codes.
+
+Imports torch (through the trainer); only loaded once a training command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from esper.config import Config
+from esper.errors import UserError
+from esper.training.faults import FaultPlan, parse_fault
+from esper.training.run import TrainResult, train
+from esper.training.trainer import RoundSummary, StepProgress
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+class _ProgressView:
+    """Rounds and steps with EPS and mean reward, drawn on stderr."""
+
+    def __init__(self, cfg: Config, console: Console, enabled: bool) -> None:
+        self.enabled = enabled
+        self.total_steps = cfg.run.rounds * cfg.run.episode_length
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} steps"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+        )
+        self.task = self.progress.add_task("round 0", total=self.total_steps, info="")
+        self.last = ""
+
+    def __call__(self, item: StepProgress | RoundSummary) -> None:
+        if isinstance(item, StepProgress):
+            done = item.rnd * item.episode_length + item.step + 1
+            self.progress.update(
+                self.task,
+                completed=done,
+                description=f"round {item.rnd + 1}/{item.total_rounds}",
+                info=self.last,
+            )
+        else:
+            self.last = (
+                f"EPS {item.eps:.1f}  reward {item.mean_reward:+.2f}  "
+                f"acc {item.mean_final_acc:.1f}%"
+            )
+            self.progress.update(self.task, info=self.last)
+
+
+def run_training(cfg: Config, args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    faults = FaultPlan([parse_fault(s) for s in args.inject_fault])
+    view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())
+    try:
+        with view.progress:
+            result = train(
+                cfg,
+                progress=view,
+                faults=faults,
+                save=args.save,
+                resume=args.resume,
+                continue_run=args.continue_run,
+            )
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: telemetry flushed and checkpoint saved")
+        return EXIT_INTERRUPTED
+    except UserError:
+        raise
+    except Exception as exc:  # a failed run: say what and where the data is
+        if os.environ.get("ESPER_TRACEBACK"):
+            traceback.print_exc()
+        console.print(f"error: training failed: {type(exc).__name__}: {exc}", markup=False)
+        console.print(
+            "telemetry was flushed and a checkpoint of the last completed round saved; "
+            "set ESPER_TRACEBACK=1 for the traceback",
+            markup=False,
+        )
+        return EXIT_FAILED
+    _print_summary(result, Console())
+    return 0
+
+
+def _print_summary(r: TrainResult, console: Console) -> None:
+    table = Table(title=f"run {r.run_id}: {r.status.value}", show_header=True)
+    for col in ("round", "mean reward", "final acc %", "rollbacks", "EPS"):
+        table.add_column(col, justify="right")
+    rows = r.rounds if len(r.rounds) <= 12 else [*r.rounds[:5], *r.rounds[-6:]]
+    for s in rows:
+        table.add_row(
+            str(s.rnd),
+            f"{s.mean_reward:+.3f}",
+            f"{s.mean_final_acc:.1f}",
+            str(s.rollbacks),
+            f"{s.eps:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"env-steps {r.env_steps} in {r.wall_s:.1f}s ({r.eps:.1f} EPS), rollbacks {r.rollbacks}"
+    )
+    if r.run_dir is not None:
+        console.print(f"run directory: {r.run_dir}")
+        console.print(f"report: esper analyze report {r.run_dir} -o {r.run_dir}/report.html")
+    if r.checkpoint is not None:
+        console.print(f"checkpoint: {r.checkpoint}")

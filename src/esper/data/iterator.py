@@ -1,0 +1,105 @@
+"""One shared, seeded batch iterator for all N envs.
+
+The training set is preloaded on the device once. Every epoch draws one permutation
+from a ``torch.Generator`` seeded with ``seed + epoch`` (so epoch e is the same
+whatever happened before it, e.g. after a resume), gathers the used samples with a
+single index operation, and gives env i the i-th contiguous share: within an epoch no
+two envs see the same sample, and every env gets the same number of batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+Batch = tuple[Tensor, Tensor]
+IMAGE_DIMS = 4
+
+
+def _layout(x: Tensor, channels_last: bool) -> Tensor:
+    if channels_last and x.dim() == IMAGE_DIMS:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x.contiguous()
+
+
+def val_batches(
+    val_x: Tensor,
+    val_y: Tensor,
+    batch_size: int,
+    limit: int | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    channels_last: bool = False,
+) -> list[Batch]:
+    """Fixed validation batches (the first ``limit`` samples), preloaded on ``device``."""
+    n = val_y.shape[0] if limit is None else min(limit, val_y.shape[0])
+    x = _layout(val_x[:n].to(device), channels_last)
+    y = val_y[:n].to(device)
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+
+
+class SharedBatchIterator:
+    """Splits each epoch's shuffled training set across ``n_envs`` envs."""
+
+    def __init__(
+        self,
+        train_x: Tensor,
+        train_y: Tensor,
+        *,
+        n_envs: int,
+        batch_size: int,
+        seed: int,
+        samples_per_env: int | None = None,
+        device: torch.device | str = "cpu",
+        channels_last: bool = False,
+    ) -> None:
+        n = train_y.shape[0]
+        if train_x.shape[0] != n:
+            raise ValueError(f"{train_x.shape[0]} inputs but {n} targets")
+        if n_envs < 1 or batch_size < 1:
+            raise ValueError("n_envs and batch_size must be >= 1")
+        if n < n_envs:
+            raise ValueError(f"{n} training samples cannot be split across {n_envs} envs")
+        self.n_envs = n_envs
+        self.batch_size = batch_size
+        self.seed = seed
+        self.device = torch.device(device)
+        self.channels_last = channels_last
+        share = n // n_envs
+        self.per_env = share if samples_per_env is None else min(share, samples_per_env)
+        self.train_x = train_x.to(self.device)
+        self.train_y = train_y.to(self.device)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.per_env // self.batch_size)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def epoch_indices(self, epoch_index: int) -> Tensor:
+        """[n_envs, per_env] sample indices of an epoch (CPU), row i for env i."""
+        gen = torch.Generator().manual_seed(self.seed + epoch_index)
+        perm = torch.randperm(self.train_y.shape[0], generator=gen)
+        return perm[: self.n_envs * self.per_env].view(self.n_envs, self.per_env)
+
+    def epoch(self, epoch_index: int) -> Iterator[list[Batch]]:
+        """Per step, one (x, y) batch per env; the last batch may be smaller."""
+        idx = self.epoch_indices(epoch_index).reshape(-1).to(self.device)
+        x = _layout(self.train_x.index_select(0, idx), self.channels_last)
+        y = self.train_y.index_select(0, idx)
+        for start in range(0, self.per_env, self.batch_size):
+            stop = min(start + self.batch_size, self.per_env)
+            batches = []
+            for env in range(self.n_envs):
+                lo, hi = env * self.per_env + start, env * self.per_env + stop
+                batches.append((x[lo:hi], y[lo:hi]))  # dim-0 slices keep channels-last strides
+            yield batches
+
+    def val_batches(self, val_x: Tensor, val_y: Tensor, batch_size: int, limit: int | None = None) -> list[Batch]:
+        """Validation batches on this iterator's device and memory format."""
+        return val_batches(
+            val_x, val_y, batch_size, limit, device=self.device, channels_last=self.channels_last
+        )

@@ -1,0 +1,69 @@
+"""Build a morphogenetic model for a task from the host configuration.
+
+Construction never touches the global RNG: modules are created on the meta device and
+initialised from a ``torch.Generator`` seeded with ``seed``, so the same seed gives the
+same weights whatever else the process has sampled.
+"""
+
+from __future__ import annotations
+
+from esper.config import HostConfig
+from esper.core.enums import Topology
+from esper.data.tasks import TaskSpec
+from esper.model.hosts import CNNHost, HostNetwork, TransformerHost
+from esper.model.initialization import materialize
+from esper.model.morphogenetic import MorphogeneticModel, Reporter
+
+import torch
+
+
+def build_host(host: HostConfig, spec: TaskSpec, *, seed: int) -> HostNetwork:
+    """The host network for ``spec``'s topology, deterministically initialised."""
+    if spec.topology == Topology.CNN:
+        if len(spec.input_shape) != 3:
+            raise ValueError(f"CNN hosts need (C, H, W) inputs, got {spec.input_shape}")
+        channels, height, width = spec.input_shape
+
+        def factory() -> HostNetwork:
+            return CNNHost(
+                in_channels=channels,
+                spatial=min(height, width),
+                num_classes=spec.num_classes,
+                base_channels=host.base_channels,
+                n_blocks=host.n_blocks,
+            )
+    else:
+        if len(spec.input_shape) != 1:
+            raise ValueError(f"transformer hosts need (seq_len,) inputs, got {spec.input_shape}")
+
+        def factory() -> HostNetwork:
+            return TransformerHost(
+                vocab=spec.num_classes,
+                max_len=spec.input_shape[0],
+                d_model=host.d_model,
+                n_heads=host.n_heads,
+                n_layers=host.n_layers,
+            )
+
+    network = materialize(factory, torch.Generator().manual_seed(seed))
+    network.finalize()
+    return network
+
+
+def build_model(
+    host: HostConfig,
+    spec: TaskSpec,
+    *,
+    seed: int,
+    strict_gates: bool = False,
+    reporter: Reporter | None = None,
+) -> MorphogeneticModel:
+    """Host + slots for ``spec`` (on CPU; move it with ``.to(device)``)."""
+    return MorphogeneticModel(
+        build_host(host, spec, seed=seed),
+        seed=seed,
+        slot_ids=host.slots or None,
+        max_seeds=host.max_seeds,
+        strict_gates=strict_gates or host.strict_gates,
+        reporter=reporter,
+    )

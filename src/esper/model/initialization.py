@@ -1,0 +1,96 @@
+"""Deterministic parameter initialisation from an explicit torch.Generator.
+
+Modules are constructed on the meta device (so construction consumes no global RNG),
+materialised with ``to_empty`` and then initialised here. Every parameter and buffer
+is covered by a rule below; a module type without one raises, so no tensor is ever
+left holding uninitialised memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+#: Token/position embeddings start small, as in GPT-style models.
+EMBEDDING_STD = 0.02
+#: PyTorch's default Linear init is kaiming_uniform with a = sqrt(5); kept for familiarity.
+LINEAR_KAIMING_A = math.sqrt(5)
+#: Attribute that marks a module whose weight and bias start at exactly zero.
+ZERO_INIT_ATTR = "_esper_zero_init"
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def zero_init(module: M) -> M:
+    """Mark ``module`` so that :func:`init_module` zeroes it (residual seeds start as identity)."""
+    setattr(module, ZERO_INIT_ATTR, True)
+    return module
+
+
+def _init_linear(m: nn.Linear, g: torch.Generator) -> None:
+    nn.init.kaiming_uniform_(m.weight, a=LINEAR_KAIMING_A, generator=g)
+    if m.bias is not None:
+        bound = 1.0 / math.sqrt(m.in_features) if m.in_features > 0 else 0.0
+        nn.init.uniform_(m.bias, -bound, bound, generator=g)
+
+
+def _init_conv(m: nn.Conv2d, g: torch.Generator) -> None:
+    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu", generator=g)
+    if m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+def _init_embedding(m: nn.Embedding, g: torch.Generator) -> None:
+    nn.init.normal_(m.weight, std=EMBEDDING_STD, generator=g)
+
+
+def _reset(m: nn.Module, _g: torch.Generator) -> None:
+    m.reset_parameters()  # type: ignore[operator]  # deterministic (ones/zeros, stats)
+
+
+_RULES: dict[type[nn.Module], Callable[[nn.Module, torch.Generator], None]] = {
+    nn.Linear: _init_linear,  # type: ignore[dict-item]
+    nn.Conv2d: _init_conv,  # type: ignore[dict-item]
+    nn.Embedding: _init_embedding,  # type: ignore[dict-item]
+    nn.BatchNorm2d: _reset,
+    nn.GroupNorm: _reset,
+    nn.LayerNorm: _reset,
+}
+
+
+def init_module(module: nn.Module, generator: torch.Generator) -> None:
+    """Initialise every parameter and buffer of ``module`` in a fixed order.
+
+    A tensor shared by several modules (tied weights) is initialised once, by the first
+    module that owns it.
+    """
+    seen: set[int] = set()
+    for name, sub in module.named_modules():
+        own = list(sub.parameters(recurse=False)) + list(sub.buffers(recurse=False))
+        if own and all(id(t) in seen for t in own):
+            continue
+        seen.update(id(t) for t in own)
+        rule = _RULES.get(type(sub))
+        if rule is not None:
+            rule(sub, generator)
+        elif own:
+            raise TypeError(f"no initialisation rule for {type(sub).__name__} at {name!r}")
+        if getattr(sub, ZERO_INIT_ATTR, False):
+            with torch.no_grad():
+                for p in sub.parameters(recurse=False):
+                    p.zero_()
+
+
+def materialize(
+    factory: Callable[[], M], generator: torch.Generator, *, device: torch.device | str = "cpu"
+) -> M:
+    """Build on meta, allocate on CPU, initialise from ``generator``, move to ``device``."""
+    with torch.device("meta"):
+        module = factory()
+    module = module.to_empty(device="cpu")
+    init_module(module, generator)
+    return module.to(device)

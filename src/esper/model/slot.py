@@ -1,0 +1,375 @@
+"""A seed slot: one insertion point in the host, with its seed, lifecycle and alpha.
+
+The slot owns everything about the seed in it: the module (and blend gate), the stage
+machine, the alpha controller and the metrics. It reports each stage change and gate
+check through ``emit`` (injected by the model) and never imports telemetry.
+
+Forward semantics by stage:
+- no seed / GERMINATED / cooldown: the host activation passes through unchanged;
+- TRAINING: isolated and straight-through: the seed reads ``h.detach()`` and the output
+  is numerically ``h`` while the seed still receives gradients;
+- BLENDING / HOLDING / FOSSILIZED: ``blend(op, h, seed(h), alpha)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from esper.core.constants import STYLE_BLEND, STYLE_CURVE
+from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
+from esper.core.records import (
+    GateRecord,
+    GateResult,
+    LifecycleRecord,
+    SeedFossilizedRecord,
+    SeedGerminatedRecord,
+    SeedPrunedRecord,
+    SlotReport,
+    StageChangedRecord,
+)
+from esper.model import gates
+from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
+from esper.model.blending import BlendGate, blend, straight_through
+from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
+from esper.model.metrics import SeedMetrics
+
+Emit = Callable[[LifecycleRecord], None]
+
+
+def _discard(_record: LifecycleRecord) -> None:
+    pass
+
+
+class SeedSlot(nn.Module):
+    """One slot; ``seed`` and ``gate`` are submodules only while a seed is present."""
+
+    seed: nn.Module | None
+    gate: BlendGate | None
+
+    def __init__(self, slot_id: str, width: int, *, strict: bool = False) -> None:
+        super().__init__()
+        self.slot_id = slot_id
+        self.width = width
+        self.strict = strict
+        self.register_module("seed", None)
+        self.register_module("gate", None)
+        self.life = SeedLifecycle()
+        self.alpha = AlphaController()
+        self.metrics = SeedMetrics()
+        self.n_params = 0
+        self.emit: Emit = _discard
+        self._prune_initiator = Initiator.SYSTEM
+
+    # --- forward ---------------------------------------------------------------------
+
+    def forward(self, h: Tensor, alpha: Tensor | None = None) -> Tensor:
+        """Apply the seed; ``alpha`` (per-sample, broadcastable) overrides the controller."""
+        seed = self.seed
+        if seed is None:
+            return h
+        stage = self.life.stage
+        if stage == SeedStage.TRAINING:
+            if not torch.is_grad_enabled():
+                return h  # the straight-through output is exactly h
+            return straight_through(h, seed(h.detach()))
+        if stage not in BLENDED_STAGES:
+            return h
+        a: float | Tensor = self.alpha.alpha if alpha is None else alpha
+        return blend(self.life.blend_op, h, seed(h), h, a, self.gate)
+
+    # --- queries ---------------------------------------------------------------------
+
+    @property
+    def stage(self) -> SeedStage:
+        return self.life.stage
+
+    @property
+    def effective_alpha(self) -> float:
+        return self.alpha.alpha if self.life.stage in BLENDED_STAGES else ALPHA_MIN
+
+    def seed_parameters(self) -> list[nn.Parameter]:
+        params: list[nn.Parameter] = []
+        for module in (self.seed, self.gate):
+            if module is not None:
+                params.extend(module.parameters())
+        return params
+
+    def report(self) -> SlotReport:
+        life, ctl, m = self.life, self.alpha, self.metrics
+        pre_blend = life.stage not in BLENDED_STAGES
+        return SlotReport(
+            slot_id=self.slot_id,
+            stage=life.stage,
+            seed_id=life.seed_id,
+            blueprint=life.blueprint,
+            blend_op=life.blend_op,
+            alpha=self.effective_alpha,
+            alpha_target=life.planned_target if pre_blend else ctl.target,
+            alpha_mode=ctl.mode,
+            alpha_curve=int(ctl.curve),
+            alpha_steps_total=ctl.steps_total,
+            alpha_steps_done=ctl.steps_done,
+            alpha_velocity=ctl.last_delta,
+            tempo=life.tempo,
+            age_epochs=life.age_epochs,
+            epochs_in_stage=life.epochs_in_stage,
+            acc_at_germination=m.acc_at_germination,
+            acc_at_stage_start=m.acc_at_stage_start,
+            improvement=m.improvement,
+            contribution=m.contribution,
+            contribution_velocity=m.contribution_velocity,
+            epochs_since_contribution=m.epochs_since_contribution,
+            grad_norm_ratio=m.grad_norm_ratio,
+            grad_health=m.grad_health,
+            params=self.n_params if life.live else 0,
+            embargo_remaining=life.cooldown_remaining,
+            scheduled_prune=life.scheduled_prune,
+        )
+
+    # --- lifecycle operations ----------------------------------------------------------
+
+    def install(
+        self,
+        seed: nn.Module,
+        gate: BlendGate | None,
+        *,
+        seed_id: str,
+        blueprint: str,
+        style: GerminationStyle,
+        tempo: int,
+        alpha_target: float,
+        current_acc: float,
+        initiator: Initiator,
+    ) -> None:
+        """DORMANT -> GERMINATED with a freshly built seed (G0 already passed)."""
+        blend_op = STYLE_BLEND[style]
+        spent = self.life.germinate(
+            seed_id=seed_id,
+            blueprint=blueprint,
+            style=style,
+            blend_op=blend_op,
+            tempo=tempo,
+            planned_target=alpha_target,
+        )
+        self.seed = seed
+        self.gate = gate
+        self.n_params = sum(p.numel() for p in self.seed_parameters())
+        self.alpha = AlphaController()
+        self.metrics.start(current_acc)
+        self._emit_stage(SeedStage.DORMANT, spent, initiator)
+        self.emit(
+            SeedGerminatedRecord(
+                slot=self.slot_id,
+                seed_id=seed_id,
+                blueprint=blueprint,
+                style=int(style),
+                blend_op=blend_op,
+                tempo=tempo,
+                alpha_target=alpha_target,
+                params=self.n_params,
+                acc_at_germination=current_acc,
+            )
+        )
+
+    def advance(self, initiator: Initiator) -> bool:
+        """GERMINATED->TRAINING (G1), TRAINING->BLENDING (G2), BLENDING->HOLDING (G3)."""
+        stage = self.life.stage
+        if stage == SeedStage.GERMINATED:
+            result = gates.gate_g1(self.life, strict=self.strict)
+        elif stage == SeedStage.TRAINING:
+            result = gates.gate_g2(self.life, self.metrics, strict=self.strict)
+        elif stage == SeedStage.BLENDING:
+            result = gates.gate_g3(self.life, self.alpha, strict=self.strict)
+        else:
+            return False
+        self.emit_gate(result)
+        if result.passed:
+            self._move(result.target_stage, initiator)
+        return result.passed
+
+    def set_alpha_target(
+        self, target: float, speed: int, curve: AlphaCurve, initiator: Initiator
+    ) -> bool:
+        """Retarget a BLENDING/HOLDING seed at rest (HOLDING goes back to BLENDING)."""
+        if not ALPHA_MIN <= target <= ALPHA_MAX or speed < 0:
+            raise ValueError(f"alpha target {target} / speed {speed} out of range")
+        life = self.life
+        if life.stage not in (SeedStage.BLENDING, SeedStage.HOLDING) or life.scheduled_prune:
+            return False
+        if not self.alpha.at_rest or target == self.alpha.alpha:
+            return False
+        if life.stage == SeedStage.HOLDING:
+            self._move(SeedStage.BLENDING, initiator)
+        self.alpha.retarget(target, speed, curve)
+        return True
+
+    def prune(
+        self, *, speed: int, curve: AlphaCurve, reason: PruneReason, initiator: Initiator
+    ) -> bool:
+        """Instant (speed 0 or alpha already 0) or scheduled (ramp alpha to 0, then prune)."""
+        life = self.life
+        if not life.live or life.stage == SeedStage.FOSSILIZED or life.scheduled_prune:
+            return False
+        if speed == 0 or self.effective_alpha == ALPHA_MIN:
+            self._prune_now(reason, initiator, scheduled=False)
+            return True
+        if not self.alpha.at_rest:
+            return False
+        if life.stage == SeedStage.HOLDING:
+            self._move(SeedStage.BLENDING, initiator)
+        self.alpha.retarget(ALPHA_MIN, speed, curve)
+        life.scheduled_prune = True
+        self._prune_initiator = initiator
+        self._set_trainable(False)
+        return True
+
+    def force_prune(self, reason: PruneReason, initiator: Initiator) -> bool:
+        """Prune a live, non-fossilized seed at once (even mid-ramp); used by rollbacks."""
+        if not self.life.live or self.life.stage == SeedStage.FOSSILIZED:
+            return False
+        self._prune_now(reason, initiator, scheduled=False)
+        return True
+
+    def fossilize(self, initiator: Initiator) -> bool:
+        """HOLDING -> FOSSILIZED through G5."""
+        if not self.life.live:
+            return False
+        result = gates.gate_g5(self.life, self.metrics, strict=self.strict)
+        self.emit_gate(result)
+        if not result.passed:
+            return False
+        self._move(SeedStage.FOSSILIZED, initiator)
+        m = self.metrics
+        self.emit(
+            SeedFossilizedRecord(
+                slot=self.slot_id,
+                seed_id=self.life.seed_id,
+                blueprint=self.life.blueprint,
+                contribution=m.contribution,
+                params=self.n_params,
+                age_epochs=self.life.age_epochs,
+            )
+        )
+        return True
+
+    def tick(self, val_acc: float) -> None:
+        """One epoch: ages, alpha controller, scheduled prune completion, cooldown."""
+        life = self.life
+        if not life.live:
+            seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
+            for src, dst, spent in life.cooldown_tick():
+                self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
+            if life.stage == SeedStage.DORMANT:
+                self.metrics = SeedMetrics()  # a free slot reports nothing measured
+            return
+        life.age_epochs += 1
+        life.epochs_in_stage += 1
+        self.metrics.observe_acc(val_acc)
+        self.metrics.tick()
+        self.alpha.step()
+        if life.scheduled_prune and self.alpha.at_rest:
+            self._prune_now(PruneReason.SCHEDULED_COMPLETE, self._prune_initiator, scheduled=True)
+
+    def record_contribution(self, contribution_pp: float) -> None:
+        if self.life.live:
+            self.metrics.record_contribution(contribution_pp)
+
+    def record_gradients(self, seed_norm: float, host_norm: float, n_host: int) -> None:
+        """Take one epoch's gradient norms; only seeds that train are measured."""
+        if self.life.stage in BLENDED_STAGES or self.life.stage == SeedStage.TRAINING:
+            if not self.life.scheduled_prune:
+                self.metrics.record_gradients(seed_norm, self.n_params, host_norm, n_host)
+
+    def restore_fossil(
+        self,
+        seed: nn.Module,
+        gate: BlendGate | None,
+        *,
+        life: SeedLifecycle,
+        metrics: SeedMetrics,
+    ) -> None:
+        """Put a fossilized seed back from a snapshot (a restore, not a transition)."""
+        self.seed = seed
+        self.gate = gate
+        self.life = life
+        self.metrics = metrics
+        self.n_params = sum(p.numel() for p in self.seed_parameters())
+        self.alpha = AlphaController(ALPHA_MAX)
+
+    def clear_for_restore(self) -> None:
+        """Empty the slot without a transition (the snapshot predates its seed)."""
+        self.seed = None
+        self.gate = None
+        self.life.clear()
+        self.metrics = SeedMetrics()
+        self.alpha = AlphaController()
+        self.n_params = 0
+
+    # --- internals -------------------------------------------------------------------
+
+    def _move(self, dst: SeedStage, initiator: Initiator) -> None:
+        src = self.life.stage
+        spent = self.life.transition(dst)
+        self.metrics.on_stage_start()
+        if dst == SeedStage.BLENDING and src == SeedStage.TRAINING:
+            curve = STYLE_CURVE[self.life.style]
+            self.alpha.retarget(self.life.planned_target, self.life.tempo, curve)
+        elif dst == SeedStage.HOLDING:
+            self.alpha.force(ALPHA_MAX)
+        self._emit_stage(src, spent, initiator)
+
+    def _prune_now(self, reason: PruneReason, initiator: Initiator, *, scheduled: bool) -> None:
+        life = self.life
+        stage_at_prune = life.stage
+        life.scheduled_prune = False
+        self.alpha.force(ALPHA_MIN)
+        self.seed = None
+        self.gate = None
+        self._move(SeedStage.PRUNED, initiator)
+        self.emit(
+            SeedPrunedRecord(
+                slot=self.slot_id,
+                seed_id=life.seed_id,
+                blueprint=life.blueprint,
+                reason=reason,
+                initiator=initiator,
+                age_epochs=life.age_epochs,
+                stage_at_prune=stage_at_prune,
+                contribution=self.metrics.contribution,
+                scheduled=scheduled,
+            )
+        )
+
+    def _set_trainable(self, flag: bool) -> None:
+        for p in self.seed_parameters():
+            p.requires_grad_(flag)
+
+    def _emit_stage(
+        self,
+        src: SeedStage,
+        spent: int,
+        initiator: Initiator,
+        dst: SeedStage | None = None,
+        seed_id: str | None = None,
+        blueprint: str | None = None,
+    ) -> None:
+        self.emit(
+            StageChangedRecord(
+                slot=self.slot_id,
+                seed_id=self.life.seed_id if seed_id is None else seed_id,
+                blueprint=self.life.blueprint if blueprint is None else blueprint,
+                from_stage=src,
+                to_stage=self.life.stage if dst is None else dst,
+                epochs_in_prev_stage=spent,
+                alpha=self.effective_alpha,
+                initiator=initiator,
+            )
+        )
+
+    def emit_gate(self, result: GateResult, *, seed_id: str | None = None) -> None:
+        """Report a gate check (G0 passes the candidate seed id before the seed exists)."""
+        sid = self.life.seed_id if seed_id is None else seed_id
+        self.emit(GateRecord(slot=self.slot_id, seed_id=sid, result=result))

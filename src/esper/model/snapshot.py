@@ -1,0 +1,123 @@
+"""Governor snapshots: host and fossilized seeds, as CPU tensors, restored bit-exactly.
+
+A snapshot is a flat ``dict[str, Tensor]`` so it can be saved with ``torch.save`` and
+read back with ``weights_only=True``. Besides parameters and buffers it records which
+slots hold fossils and their identity (blueprint and seed id as UTF-8 byte tensors,
+style/tempo/ages and metrics as small numeric tensors), so a restore can rebuild a
+fossil that is missing and drop one the snapshot does not know.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from esper.core.enums import GerminationStyle, SeedStage
+from esper.core.constants import STYLE_BLEND
+from esper.model.lifecycle import SeedLifecycle
+from esper.model.metrics import SeedMetrics
+
+if TYPE_CHECKING:
+    from esper.model.morphogenetic import MorphogeneticModel
+
+HOST = "host/"
+FOSSIL = "fossil/"
+_STATE = "/state/"
+_BLUEPRINT = "/blueprint"
+_SEED_ID = "/seed_id"
+_INTS = "/ints"
+_FLOATS = "/floats"
+#: Restored fossils are rebuilt from this seed before their weights are overwritten.
+_REBUILD_SEED = 0
+
+
+def _cpu(t: Tensor) -> Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+def _text(value: str) -> Tensor:
+    return torch.tensor(list(value.encode("utf-8")), dtype=torch.uint8)
+
+
+def _untext(t: Tensor) -> str:
+    return bytes(t.tolist()).decode("utf-8")
+
+
+def snapshot_model(model: MorphogeneticModel) -> dict[str, Tensor]:
+    state = {HOST + k: _cpu(v) for k, v in model.host.state_dict().items()}
+    for sid in model.slot_ids:
+        slot = model.slot(sid)
+        if slot.stage != SeedStage.FOSSILIZED:
+            continue
+        prefix = FOSSIL + sid
+        for k, v in slot.state_dict().items():
+            state[prefix + _STATE + k] = _cpu(v)
+        life, m = slot.life, slot.metrics
+        state[prefix + _BLUEPRINT] = _text(life.blueprint)
+        state[prefix + _SEED_ID] = _text(life.seed_id)
+        state[prefix + _INTS] = torch.tensor(
+            [int(life.style), life.tempo, life.age_epochs, life.epochs_in_stage], dtype=torch.long
+        )
+        state[prefix + _FLOATS] = torch.tensor(
+            [m.contribution, m.acc_at_germination, m.grad_health, m.grad_norm_ratio],
+            dtype=torch.float64,
+        )
+    return state
+
+
+def _fossil_ids(state: dict[str, Tensor]) -> set[str]:
+    return {k[len(FOSSIL) : -len(_BLUEPRINT)] for k in state if k.startswith(FOSSIL) and k.endswith(_BLUEPRINT)}
+
+
+def _rebuild(model: MorphogeneticModel, sid: str, state: dict[str, Tensor]) -> None:
+    prefix = FOSSIL + sid
+    style_i, tempo, age, in_stage = state[prefix + _INTS].tolist()
+    contribution, acc_germ, health, ratio = state[prefix + _FLOATS].tolist()
+    style = GerminationStyle(style_i)
+    life = SeedLifecycle(
+        stage=SeedStage.FOSSILIZED,
+        seed_id=_untext(state[prefix + _SEED_ID]),
+        blueprint=_untext(state[prefix + _BLUEPRINT]),
+        style=style,
+        blend_op=STYLE_BLEND[style],
+        tempo=tempo,
+        planned_target=1.0,
+        age_epochs=age,
+        epochs_in_stage=in_stage,
+    )
+    metrics = SeedMetrics(
+        acc_at_germination=acc_germ,
+        contribution=contribution,
+        grad_health=health,
+        grad_norm_ratio=ratio,
+    )
+    gen = torch.Generator().manual_seed(_REBUILD_SEED)
+    seed, gate = model.build_seed_modules(sid, life.blueprint, style, gen)
+    model.slot(sid).restore_fossil(seed, gate, life=life, metrics=metrics)
+
+
+def restore_model(model: MorphogeneticModel, state: dict[str, Tensor]) -> None:
+    host_state = {k[len(HOST) :]: v for k, v in state.items() if k.startswith(HOST)}
+    model.host.load_state_dict(host_state, strict=True)
+    fossils = _fossil_ids(state)
+    unknown = fossils - set(model.slot_ids)
+    if unknown:
+        raise ValueError(f"snapshot has fossils in slots {sorted(unknown)} this model lacks")
+    for sid in model.slot_ids:
+        slot = model.slot(sid)
+        if sid not in fossils:
+            if slot.stage == SeedStage.FOSSILIZED:
+                slot.clear_for_restore()
+            continue
+        same = (
+            slot.stage == SeedStage.FOSSILIZED
+            and slot.life.seed_id == _untext(state[FOSSIL + sid + _SEED_ID])
+            and slot.life.blueprint == _untext(state[FOSSIL + sid + _BLUEPRINT])
+        )
+        if not same:
+            _rebuild(model, sid, state)
+        prefix = FOSSIL + sid + _STATE
+        slot_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        model.slot(sid).load_state_dict(slot_state, strict=True)

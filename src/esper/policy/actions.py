@@ -1,0 +1,144 @@
+"""The factored action space and the pure decoding of head indices into a lifecycle call.
+
+A policy emits one index per head (``HEAD_NAMES`` order). Which heads matter depends on
+the op (``RELEVANT_HEADS``); the others are pinned to ``CANONICAL_HEAD_VALUE`` so a
+decoded action never carries a value the op does not use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from esper.core.constants import (
+    ALL_BLUEPRINTS,
+    ALPHA_SPEEDS,
+    ALPHA_TARGETS,
+    CANONICAL_HEAD_VALUE,
+    CNN_BLUEPRINTS,
+    HEAD_NAMES,
+    RELEVANT_HEADS,
+    TEMPOS,
+    TRANSFORMER_BLUEPRINTS,
+)
+from esper.core.enums import AlphaCurve, GerminationStyle, LifecycleOp, Topology
+
+#: Sizes of the heads that do not depend on the host (every head except ``slot``).
+HEAD_SIZES: Final[dict[str, int]] = {
+    "op": len(LifecycleOp),
+    "blueprint": len(ALL_BLUEPRINTS),
+    "style": len(GerminationStyle),
+    "tempo": len(TEMPOS),
+    "alpha_target": len(ALPHA_TARGETS),
+    "alpha_speed": len(ALPHA_SPEEDS),
+    "alpha_curve": len(AlphaCurve),
+}
+N_OPS: Final = len(LifecycleOp)
+N_HEADS: Final = len(HEAD_NAMES)
+HEAD_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(HEAD_NAMES)}
+
+TOPOLOGY_BLUEPRINTS: Final[dict[Topology, tuple[str, ...]]] = {
+    Topology.CNN: CNN_BLUEPRINTS,
+    Topology.TRANSFORMER: TRANSFORMER_BLUEPRINTS,
+}
+
+
+def head_sizes(n_slots: int) -> dict[str, int]:
+    """Every head's size, in ``HEAD_NAMES`` order, for a host with ``n_slots`` slots."""
+    return {name: (n_slots if name == "slot" else HEAD_SIZES[name]) for name in HEAD_NAMES}
+
+
+class ActionSpace(msgspec.Struct, frozen=True):
+    """The slots a host offers (in head order) and its topology (which blueprints exist)."""
+
+    slot_ids: tuple[str, ...]
+    topology: Topology
+
+    def __post_init__(self) -> None:
+        if not self.slot_ids:
+            raise ValueError("an action space needs at least one slot")
+        if len(set(self.slot_ids)) != len(self.slot_ids):
+            raise ValueError(f"duplicate slot ids: {self.slot_ids}")
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_ids)
+
+    @property
+    def head_sizes(self) -> dict[str, int]:
+        return head_sizes(self.n_slots)
+
+    @property
+    def blueprint_valid(self) -> tuple[bool, ...]:
+        """Per blueprint-head index: does the host topology have this blueprint?"""
+        allowed = set(TOPOLOGY_BLUEPRINTS[self.topology])
+        return tuple(name in allowed for name in ALL_BLUEPRINTS)
+
+    def slot_index(self, slot_id: str) -> int:
+        return self.slot_ids.index(slot_id)
+
+
+class DecodedAction(msgspec.Struct, frozen=True, kw_only=True):
+    """One env's action as lifecycle arguments; unused fields hold canonical values."""
+
+    op: LifecycleOp
+    slot_id: str | None = None
+    blueprint: str | None = None
+    style: GerminationStyle = GerminationStyle(CANONICAL_HEAD_VALUE["style"])
+    tempo: int = TEMPOS[CANONICAL_HEAD_VALUE["tempo"]]
+    alpha_target: float = ALPHA_TARGETS[CANONICAL_HEAD_VALUE["alpha_target"]]
+    alpha_speed: int = ALPHA_SPEEDS[CANONICAL_HEAD_VALUE["alpha_speed"]]
+    alpha_curve: AlphaCurve = AlphaCurve(CANONICAL_HEAD_VALUE["alpha_curve"])
+
+    @property
+    def relevant_heads(self) -> frozenset[str]:
+        return RELEVANT_HEADS[self.op]
+
+
+def _head_value(indices: Sequence[int], name: str, relevant: frozenset[str]) -> int:
+    return int(indices[HEAD_INDEX[name]]) if name in relevant else CANONICAL_HEAD_VALUE[name]
+
+
+def decode_action(indices: Sequence[int], space: ActionSpace) -> DecodedAction:
+    """Turn per-head indices into a typed action (pure; irrelevant heads -> canonical)."""
+    if len(indices) != N_HEADS:
+        raise ValueError(f"expected {N_HEADS} head indices, got {len(indices)}")
+    sizes = space.head_sizes
+    for name, idx in zip(HEAD_NAMES, indices, strict=True):
+        if not 0 <= int(idx) < sizes[name]:
+            raise ValueError(f"head {name!r} index {idx} out of range [0, {sizes[name]})")
+    op = LifecycleOp(int(indices[HEAD_INDEX["op"]]))
+    rel = RELEVANT_HEADS[op]
+    return DecodedAction(
+        op=op,
+        slot_id=space.slot_ids[_head_value(indices, "slot", rel)] if "slot" in rel else None,
+        blueprint=(
+            ALL_BLUEPRINTS[_head_value(indices, "blueprint", rel)] if "blueprint" in rel else None
+        ),
+        style=GerminationStyle(_head_value(indices, "style", rel)),
+        tempo=TEMPOS[_head_value(indices, "tempo", rel)],
+        alpha_target=ALPHA_TARGETS[_head_value(indices, "alpha_target", rel)],
+        alpha_speed=ALPHA_SPEEDS[_head_value(indices, "alpha_speed", rel)],
+        alpha_curve=AlphaCurve(_head_value(indices, "alpha_curve", rel)),
+    )
+
+
+def encode_action(action: DecodedAction, space: ActionSpace) -> tuple[int, ...]:
+    """Inverse of :func:`decode_action`: head indices for a typed action."""
+    rel = action.relevant_heads
+    values: dict[str, int] = {
+        "op": int(action.op),
+        "slot": space.slot_index(action.slot_id) if action.slot_id is not None else 0,
+        "blueprint": ALL_BLUEPRINTS.index(action.blueprint) if action.blueprint else 0,
+        "style": int(action.style),
+        "tempo": TEMPOS.index(action.tempo),
+        "alpha_target": ALPHA_TARGETS.index(action.alpha_target),
+        "alpha_speed": ALPHA_SPEEDS.index(action.alpha_speed),
+        "alpha_curve": int(action.alpha_curve),
+    }
+    for name in ("slot", "blueprint"):
+        if name in rel and {"slot": action.slot_id, "blueprint": action.blueprint}[name] is None:
+            raise ValueError(f"{action.op.name} needs a {name}")
+    return tuple(values[n] if n in rel else CANONICAL_HEAD_VALUE[n] for n in HEAD_NAMES)

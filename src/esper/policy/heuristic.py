@@ -1,0 +1,223 @@
+"""Rule-based baseline policy with the learned policy's interface.
+
+Rules, in priority order for each env:
+1. prune a seed whose measured contribution is below ``prune_threshold_pp`` (it hurts);
+2. fossilize a HOLDING seed whose contribution clears ``fossilize_threshold_pp``;
+3. prune a seed that has stalled (HOLDING without clearing the threshold, or stuck in
+   TRAINING, for ``HEURISTIC_STALL_EPOCHS`` epochs);
+4. advance GERMINATED seeds, TRAINING seeds once G2 can pass, BLENDING seeds once alpha
+   reached 1.0 (retargeting to 1.0 first when the blend stopped short);
+5. germinate once the host is stabilised and has plateaued for ``plateau_patience``
+   epochs, rotating through blueprints and avoiding recently pruned ones;
+6. otherwise wait.
+Every action is checked against the masks, so it is always valid. Its memory (blueprint
+penalties and the rotation cursor) travels in the recurrent ``hidden`` slot, so fresh
+episodes start from :meth:`initial_hidden` exactly like the learned policy's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from esper.config import PolicyConfig
+from esper.core.constants import (
+    ALL_BLUEPRINTS,
+    G2_MIN_GRADIENT_HEALTH,
+    G2_MIN_TRAINING_EPOCHS,
+    HEURISTIC_ALPHA_TARGET,
+    HEURISTIC_PENALTY_DECAY,
+    HEURISTIC_PRUNE_PENALTY,
+    HEURISTIC_STALL_EPOCHS,
+    HEURISTIC_TEMPO,
+)
+from esper.core.enums import GerminationStyle, LifecycleOp, SeedStage
+from esper.core.records import SlotReport
+from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, encode_action
+from esper.policy.masks import order_reports
+from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
+from esper.policy.signals import SignalTracker
+
+HEURISTIC_STYLE = GerminationStyle.LINEAR_ADD
+_N_BLUEPRINTS = len(ALL_BLUEPRINTS)
+#: ``valid(op, slot_index)`` predicate handed to the rule helpers.
+_Valid = Callable[[LifecycleOp, int], bool]
+
+
+class _EnvMemory:
+    """One env's heuristic memory, unpacked from / packed into the hidden state."""
+
+    def __init__(self, penalties: np.ndarray, cursor: int) -> None:
+        self.penalties = penalties
+        self.cursor = cursor
+
+
+class HeuristicPolicy:
+    """Baseline: deterministic rules over slot reports and the signal tracker."""
+
+    def __init__(self, space: ActionSpace, cfg: PolicyConfig) -> None:
+        self.space = space
+        self.cfg = cfg
+
+    def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
+        """(blueprint penalties [1, N, B], rotation cursor [1, N, 1]) for fresh episodes."""
+        return (
+            torch.zeros(1, n, _N_BLUEPRINTS, device=device),
+            torch.zeros(1, n, 1, device=device),
+        )
+
+    def act(
+        self,
+        inp: PolicyInput,
+        hidden: Hidden,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep:
+        """Rule-based actions for all envs (``generator``/``deterministic`` are unused)."""
+        del generator, deterministic  # the rules are deterministic
+        n = len(inp.reports)
+        device = inp.obs.device
+        # One device->host transfer for the masks and the memory together.
+        packed_masks = inp.masks.packed()
+        packed = (
+            torch.cat([packed_masks.float(), hidden[0][0].float(), hidden[1][0].float()], dim=1)
+            .cpu()
+            .numpy()
+        )
+        width = packed_masks.shape[1]
+        masks = inp.masks.unpack(packed[:, :width] > 0.5)
+        penalties = packed[:, width : width + _N_BLUEPRINTS].astype(np.float64)
+        cursors = packed[:, width + _N_BLUEPRINTS].astype(np.int64)
+        rows: list[tuple[int, ...]] = []
+        for e in range(n):
+            memory = _EnvMemory(penalties[e] * HEURISTIC_PENALTY_DECAY, int(cursors[e]))
+            action = self.decide(
+                order_reports(inp.reports[e], self.space),
+                inp.trackers[e],
+                {name: m[e] for name, m in masks.items()},
+                memory,
+            )
+            rows.append(encode_action(action, self.space))
+            penalties[e], cursors[e] = memory.penalties, memory.cursor
+        actions = torch.from_numpy(np.array(rows, dtype=np.int64).reshape(n, N_HEADS)).to(device)
+        zeros = torch.zeros(n, N_HEADS, device=device)
+        new_hidden = (
+            torch.from_numpy(penalties.astype(np.float32)).to(device)[None],
+            torch.from_numpy(cursors.astype(np.float32)).to(device).view(1, n, 1),
+        )
+        return PolicyStep(
+            actions=actions,
+            log_probs=zeros,
+            value=torch.zeros(n, device=device),
+            op_probs=F.one_hot(actions[:, 0], N_OPS).float(),
+            entropy=zeros.clone(),
+            hidden=new_hidden,
+        )
+
+    # --- rules (host-side, one env) -------------------------------------------------
+
+    def decide(
+        self,
+        reports: Sequence[SlotReport],
+        tracker: SignalTracker,
+        masks: dict[str, np.ndarray],
+        memory: _EnvMemory,
+    ) -> DecodedAction:
+        """The first rule that applies and is valid under ``masks`` (op [ops], slot [ops, S])."""
+
+        def valid(op: LifecycleOp, s: int) -> bool:
+            return bool(masks["op"][op] and masks["slot"][op, s])
+
+        for s, r in enumerate(reports):
+            if (
+                _measured(r)
+                and r.contribution < self.cfg.prune_threshold_pp
+                and valid(LifecycleOp.PRUNE, s)
+            ):
+                return self._prune(r, memory)
+        for s, r in enumerate(reports):
+            if (
+                r.stage == SeedStage.HOLDING
+                and _measured(r)
+                and r.contribution >= self.cfg.fossilize_threshold_pp
+                and valid(LifecycleOp.FOSSILIZE, s)
+            ):
+                return DecodedAction(op=LifecycleOp.FOSSILIZE, slot_id=r.slot_id)
+        for s, r in enumerate(reports):
+            if self._stalled(r) and valid(LifecycleOp.PRUNE, s):
+                return self._prune(r, memory)
+        for s, r in enumerate(reports):
+            action = self._progress(r, s, valid)
+            if action is not None:
+                return action
+        if tracker.host_stabilised and tracker.plateau_count >= self.cfg.plateau_patience:
+            slots = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
+            if slots:
+                return self._germinate(reports[slots[0]], masks["blueprint"], memory)
+        return DecodedAction(op=LifecycleOp.WAIT)
+
+    def _stalled(self, r: SlotReport) -> bool:
+        if r.stage == SeedStage.HOLDING:
+            below = not (_measured(r) and r.contribution >= self.cfg.fossilize_threshold_pp)
+            return below and r.epochs_in_stage >= HEURISTIC_STALL_EPOCHS
+        if r.stage == SeedStage.TRAINING:
+            return r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS + HEURISTIC_STALL_EPOCHS
+        return False
+
+    def _progress(self, r: SlotReport, s: int, valid: _Valid) -> DecodedAction | None:
+        """Move a seed along its lifecycle when the next gate can pass."""
+        advance = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=r.slot_id)
+        if r.stage == SeedStage.GERMINATED and valid(LifecycleOp.ADVANCE, s):
+            return advance
+        if r.stage == SeedStage.TRAINING and valid(LifecycleOp.ADVANCE, s):
+            healthy = not (r.grad_health < G2_MIN_GRADIENT_HEALTH)  # NaN: let the gate judge
+            return advance if r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS and healthy else None
+        if r.stage != SeedStage.BLENDING or not r.alpha_at_rest:
+            return None
+        if r.alpha >= HEURISTIC_ALPHA_TARGET and valid(LifecycleOp.ADVANCE, s):
+            return advance
+        if r.alpha_target < HEURISTIC_ALPHA_TARGET and valid(LifecycleOp.SET_ALPHA_TARGET, s):
+            return DecodedAction(
+                op=LifecycleOp.SET_ALPHA_TARGET,
+                slot_id=r.slot_id,
+                style=HEURISTIC_STYLE,
+                alpha_target=HEURISTIC_ALPHA_TARGET,
+                alpha_speed=HEURISTIC_TEMPO,
+            )
+        return None
+
+    def _prune(self, r: SlotReport, memory: _EnvMemory) -> DecodedAction:
+        if r.blueprint in ALL_BLUEPRINTS:
+            memory.penalties[ALL_BLUEPRINTS.index(r.blueprint)] += HEURISTIC_PRUNE_PENALTY
+        return DecodedAction(op=LifecycleOp.PRUNE, slot_id=r.slot_id)
+
+    def _germinate(
+        self, r: SlotReport, blueprint_mask: np.ndarray, memory: _EnvMemory
+    ) -> DecodedAction:
+        """Next blueprint in rotation order among the least-penalised valid ones."""
+        candidates = [i for i in range(_N_BLUEPRINTS) if blueprint_mask[i]]
+        best = min(
+            candidates,
+            key=lambda i: (
+                round(float(memory.penalties[i]), 6),
+                (i - memory.cursor) % _N_BLUEPRINTS,
+            ),
+        )
+        memory.cursor = (best + 1) % _N_BLUEPRINTS
+        return DecodedAction(
+            op=LifecycleOp.GERMINATE,
+            slot_id=r.slot_id,
+            blueprint=ALL_BLUEPRINTS[best],
+            style=HEURISTIC_STYLE,
+            tempo=HEURISTIC_TEMPO,
+            alpha_target=HEURISTIC_ALPHA_TARGET,
+        )
+
+
+def _measured(r: SlotReport) -> bool:
+    return math.isfinite(r.contribution)

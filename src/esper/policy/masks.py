@@ -1,0 +1,198 @@
+"""Action masks for all envs at once: only physically impossible actions are masked.
+
+The slot reports already live on the host, so the rules are evaluated there as numpy
+arrays over [N envs, S slots] and moved to the policy device in a single transfer. The
+slot mask is per op ([N, ops, S]) because which slots are legal depends on the op; an op
+is valid exactly when at least one slot is legal for it (WAIT is always valid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from esper.core.constants import HEAD_NAMES, MIN_PRUNE_AGE
+from esper.core.enums import LifecycleOp, SeedStage
+from esper.core.records import SlotReport
+from esper.policy.actions import N_OPS, ActionSpace
+
+STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
+STAGE_CODE: dict[SeedStage, int] = {s: i for i, s in enumerate(STAGES)}
+
+#: While any slot holds a seed in one of these stages, nothing new may germinate.
+GERMINATE_BLOCKING = (
+    SeedStage.GERMINATED,
+    SeedStage.TRAINING,
+    SeedStage.PRUNED,
+    SeedStage.EMBARGOED,
+    SeedStage.RESETTING,
+)
+#: Stages that count against the seed limit (a seed occupies the slot).
+OCCUPYING = (
+    SeedStage.GERMINATED,
+    SeedStage.TRAINING,
+    SeedStage.BLENDING,
+    SeedStage.HOLDING,
+    SeedStage.FOSSILIZED,
+)
+PRUNABLE = (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING)
+ADVANCEABLE_ANYTIME = (SeedStage.GERMINATED, SeedStage.TRAINING)
+RETARGETABLE = (SeedStage.BLENDING, SeedStage.HOLDING)
+
+
+def _codes(stages: Sequence[SeedStage]) -> np.ndarray:
+    return np.array([STAGE_CODE[s] for s in stages], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ActionMasks:
+    """Bool masks per head; leading dims are [N] for one step or [N, T] once stacked.
+
+    ``slot`` carries an extra ops axis ([..., ops, S]); every other head is [..., size].
+    Field names equal the head names so ``getattr(masks, head)`` works.
+    """
+
+    op: Tensor
+    slot: Tensor
+    blueprint: Tensor
+    style: Tensor
+    tempo: Tensor
+    alpha_target: Tensor
+    alpha_speed: Tensor
+    alpha_curve: Tensor
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.op.shape[:-1]
+
+    def head(self, name: str) -> Tensor:
+        mask: Tensor = getattr(self, name)
+        return mask
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> ActionMasks:
+        return ActionMasks(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+
+    def __getitem__(self, idx: Any) -> ActionMasks:
+        """Index the leading (env, time) dims of every head."""
+        return self._map(lambda t: t[idx])
+
+    def to(self, device: torch.device | str) -> ActionMasks:
+        return self._map(lambda t: t.to(device))
+
+    def flatten_batch(self) -> ActionMasks:
+        """[N, T, ...] -> [N*T, ...] (a no-op for unstacked masks)."""
+        nb = len(self.batch_shape)
+        return self._map(lambda t: t.flatten(0, nb - 1) if nb > 1 else t)
+
+    def slot_for_op(self, op: Tensor) -> Tensor:
+        """Slot mask of the chosen op: [M, S] for flat masks and ``op`` of shape [M]."""
+        idx = op.view(-1, 1, 1).expand(-1, 1, self.slot.shape[-1])
+        return self.slot.gather(1, idx).squeeze(1)
+
+    def packed(self) -> Tensor:
+        """Every head flattened side by side: [M, total] for flat masks (see unpack)."""
+        flat = self.flatten_batch()
+        return torch.cat([getattr(flat, n).reshape(flat.op.shape[0], -1) for n in HEAD_NAMES], 1)
+
+    def unpack(self, packed: np.ndarray) -> dict[str, np.ndarray]:
+        """Split a host copy of :meth:`packed` back into per-head arrays."""
+        flat_shapes = {n: getattr(self, n).shape[len(self.batch_shape) :] for n in HEAD_NAMES}
+        out: dict[str, np.ndarray] = {}
+        start = 0
+        for name in HEAD_NAMES:
+            width = int(np.prod(flat_shapes[name]))
+            block = packed[:, start : start + width]
+            out[name] = block.reshape((packed.shape[0], *flat_shapes[name])).astype(bool)
+            start += width
+        return out
+
+    def to_host(self) -> dict[str, np.ndarray]:
+        """All heads as numpy [M, ...], fetched from the device in one transfer."""
+        return self.unpack(self.packed().cpu().numpy())
+
+
+def stack_masks(masks: Sequence[ActionMasks]) -> ActionMasks:
+    """Stack per-step masks [N, ...] over time into [N, T, ...] for the PPO update."""
+    if not masks:
+        raise ValueError("stack_masks needs at least one step")
+    names = [f.name for f in fields(ActionMasks)]
+    return ActionMasks(**{n: torch.stack([getattr(m, n) for m in masks], dim=1) for n in names})
+
+
+def order_reports(env_reports: Sequence[SlotReport], space: ActionSpace) -> Sequence[SlotReport]:
+    """The env's reports in the action space's slot order (raises on a mismatch)."""
+    if tuple(r.slot_id for r in env_reports) == space.slot_ids:
+        return env_reports
+    by_id = {r.slot_id: r for r in env_reports}
+    missing = [s for s in space.slot_ids if s not in by_id]
+    if missing or len(by_id) != space.n_slots:
+        raise ValueError(
+            f"slot reports {sorted(by_id)} do not match the action space slots {space.slot_ids}"
+        )
+    return [by_id[s] for s in space.slot_ids]
+
+
+def build_mask_arrays(
+    reports: Sequence[Sequence[SlotReport]], space: ActionSpace, *, max_seeds: int
+) -> dict[str, np.ndarray]:
+    """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B]."""
+    n, s = len(reports), space.n_slots
+    rows = [
+        (STAGE_CODE[r.stage], r.alpha_at_rest, r.age_epochs, r.scheduled_prune)
+        for env in reports
+        for r in order_reports(env, space)
+    ]
+    arr = np.array(rows, dtype=np.int64).reshape(n, s, 4)
+    stage, at_rest, age = arr[..., 0], arr[..., 1].astype(bool), arr[..., 2]
+    steady = ~arr[..., 3].astype(bool)  # a seed being scheduled-pruned accepts no ops
+
+    blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
+    under_limit = np.isin(stage, _codes(OCCUPYING)).sum(axis=1) < max_seeds
+    can_germinate = (~blocked & under_limit)[:, None]
+    blending = stage == STAGE_CODE[SeedStage.BLENDING]
+
+    slot = np.zeros((n, N_OPS, s), dtype=bool)
+    slot[:, LifecycleOp.WAIT] = True
+    slot[:, LifecycleOp.GERMINATE] = (stage == STAGE_CODE[SeedStage.DORMANT]) & can_germinate
+    slot[:, LifecycleOp.ADVANCE] = steady & (
+        np.isin(stage, _codes(ADVANCEABLE_ANYTIME)) | (blending & at_rest)
+    )
+    slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
+    slot[:, LifecycleOp.PRUNE] = (
+        steady & at_rest & (age >= MIN_PRUNE_AGE) & np.isin(stage, _codes(PRUNABLE))
+    )
+    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & np.isin(stage, _codes(RETARGETABLE))
+    op: np.ndarray = np.asarray(slot.any(axis=2))
+    op[:, LifecycleOp.WAIT] = True
+    blueprint = np.tile(np.array(space.blueprint_valid, dtype=bool), (n, 1))
+    return {"op": op, "slot": slot, "blueprint": blueprint}
+
+
+def compute_masks(
+    reports: Sequence[Sequence[SlotReport]],
+    space: ActionSpace,
+    *,
+    max_seeds: int,
+    device: torch.device | str,
+) -> ActionMasks:
+    """Masks for all envs: rules evaluated on the host, one host-to-device transfer."""
+    arrays = build_mask_arrays(reports, space, max_seeds=max_seeds)
+    n, sizes = len(reports), space.head_sizes
+    packed_np = np.concatenate(
+        [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]], axis=1
+    )
+    packed = torch.from_numpy(packed_np).to(device)
+    n_op, n_slot = N_OPS, N_OPS * space.n_slots
+    op, slot_flat, blueprint = torch.split(packed, [n_op, n_slot, sizes["blueprint"]], dim=1)
+    free = {
+        name: torch.ones((n, sizes[name]), dtype=torch.bool, device=packed.device)
+        for name in ("style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
+    }
+    return ActionMasks(
+        op=op, slot=slot_flat.reshape(n, N_OPS, space.n_slots), blueprint=blueprint, **free
+    )

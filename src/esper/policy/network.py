@@ -1,0 +1,266 @@
+"""Factored recurrent actor-critic: feature net -> LSTM -> one head per action dimension.
+
+The op is sampled first; every other head sees the LSTM output plus the chosen op
+(one-hot), and the slot head's mask is the op's row of the [ops, S] slot mask. Heads
+the op does not use are pinned to their canonical index with exactly zero log-prob and
+zero entropy, so PPO ratios and entropy bonuses only involve decisions that mattered.
+Masked logits use a large *finite* fill so a fully masked row can never produce NaN.
+
+The network itself implements the :class:`~esper.policy.protocol.Policy` protocol
+(``act(inp, hidden)``) and also accepts the tensor-level ``act(obs, blueprint_ids,
+masks, hidden)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, overload
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES, MASKED_LOGIT, RELEVANT_HEADS
+from esper.core.enums import LifecycleOp
+from esper.policy.actions import N_OPS, ActionSpace
+from esper.policy.features import BLUEPRINT_VOCAB
+from esper.policy.masks import ActionMasks
+from esper.policy.protocol import EvalOutput, Hidden, PolicyInput, PolicyStep
+
+_HIDDEN_GAIN = math.sqrt(2.0)
+_POLICY_GAIN = 0.01  # near-uniform initial policy
+_VALUE_GAIN = 1.0
+_FORGET_BIAS = 1.0
+
+
+def masked_log_softmax(logits: Tensor, mask: Tensor) -> Tensor:
+    """Log-probs (float32) with masked choices at probability exactly 0."""
+    return torch.log_softmax(logits.float().masked_fill(~mask, MASKED_LOGIT), dim=-1)
+
+
+def normalised_entropy(log_probs: Tensor, mask: Tensor) -> Tensor:
+    """Entropy / log(#valid) in [0, 1]; 0 when at most one choice is valid."""
+    ent = -(log_probs.exp() * log_probs).sum(dim=-1)
+    n_valid = mask.sum(dim=-1)
+    scale = n_valid.clamp(min=2).to(ent.dtype).log()
+    return torch.where(n_valid > 1, ent / scale, torch.zeros_like(ent))
+
+
+def _choose(log_probs: Tensor, generator: torch.Generator | None, deterministic: bool) -> Tensor:
+    if deterministic:
+        return log_probs.argmax(dim=-1)
+    return torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+
+
+class FactoredActorCritic(nn.Module):
+    """One batched forward decides for all envs; see the module docstring for the heads."""
+
+    relevance: Tensor
+    canonical: Tensor
+
+    def __init__(
+        self,
+        obs_dim: int,
+        space: ActionSpace,
+        *,
+        feature_dim: int,
+        lstm_hidden: int,
+        blueprint_embed_dim: int,
+    ) -> None:
+        super().__init__()
+        self.space = space
+        self.obs_dim = obs_dim
+        self.lstm_hidden = lstm_hidden
+        sizes = space.head_sizes
+        self.blueprint_embed = nn.Embedding(BLUEPRINT_VOCAB, blueprint_embed_dim)
+        in_dim = obs_dim + space.n_slots * blueprint_embed_dim
+        self.feature_net = nn.Sequential(
+            nn.Linear(in_dim, feature_dim),
+            nn.LayerNorm(feature_dim),
+            nn.ReLU(),
+            nn.Linear(feature_dim, feature_dim),
+            nn.ReLU(),
+        )
+        self.lstm = nn.LSTM(feature_dim, lstm_hidden, batch_first=True)
+        self.core_norm = nn.LayerNorm(lstm_hidden)
+        self.op_head = nn.Linear(lstm_hidden, N_OPS)
+        self.sub_heads = nn.ModuleDict(
+            {name: nn.Linear(lstm_hidden + N_OPS, sizes[name]) for name in HEAD_NAMES[1:]}
+        )
+        self.value_head = nn.Sequential(
+            nn.Linear(lstm_hidden, feature_dim), nn.ReLU(), nn.Linear(feature_dim, 1)
+        )
+        relevance = torch.tensor(
+            [[name in RELEVANT_HEADS[LifecycleOp(o)] for name in HEAD_NAMES] for o in range(N_OPS)]
+        )
+        self.register_buffer("relevance", relevance, persistent=False)
+        canonical = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
+        self.register_buffer("canonical", canonical, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.feature_net:
+            if isinstance(module, nn.Linear):
+                nn.init.orthogonal_(module.weight, _HIDDEN_GAIN)
+                nn.init.zeros_(module.bias)
+        for head in [self.op_head, *self.sub_heads.values()]:
+            assert isinstance(head, nn.Linear)
+            nn.init.orthogonal_(head.weight, _POLICY_GAIN)
+            nn.init.zeros_(head.bias)
+        value_out = self.value_head[-1]
+        assert isinstance(value_out, nn.Linear)
+        nn.init.orthogonal_(value_out.weight, _VALUE_GAIN)
+        nn.init.zeros_(value_out.bias)
+        hid = self.lstm_hidden
+        with torch.no_grad():
+            for name, param in self.lstm.named_parameters():
+                if name.startswith("bias"):
+                    param.zero_()
+                if name.startswith("bias_ih"):
+                    param[hid : 2 * hid] = _FORGET_BIAS  # forget gate (i, f, g, o order)
+
+    def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
+        zeros = torch.zeros(1, n, self.lstm_hidden, device=device)
+        return zeros, zeros.clone()
+
+    def _encode(self, obs: Tensor, blueprint_ids: Tensor) -> Tensor:
+        emb = self.blueprint_embed(blueprint_ids).flatten(start_dim=-2)
+        out: Tensor = self.feature_net(torch.cat([obs.float(), emb], dim=-1))
+        return out
+
+    def _heads(
+        self,
+        core: Tensor,
+        masks: ActionMasks,
+        given: Tensor | None,
+        generator: torch.Generator | None,
+        deterministic: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(actions, log_probs, entropy, op_probs) for flat inputs [M, ...].
+
+        With ``given`` actions the heads score them; otherwise they sample (op first).
+        """
+        op_lp = masked_log_softmax(self.op_head(core), masks.op)
+        op = given[:, 0] if given is not None else _choose(op_lp, generator, deterministic)
+        x = torch.cat([core, F.one_hot(op, N_OPS).to(core.dtype)], dim=-1)
+        chosen, log_probs, entropy = (
+            [op],
+            [op_lp.gather(1, op[:, None])],
+            [normalised_entropy(op_lp, masks.op)],
+        )
+        for h, name in enumerate(HEAD_NAMES[1:], start=1):
+            mask = masks.slot_for_op(op) if name == "slot" else masks.head(name)
+            lp = masked_log_softmax(self.sub_heads[name](x), mask)
+            a = given[:, h] if given is not None else _choose(lp, generator, deterministic)
+            chosen.append(a)
+            log_probs.append(lp.gather(1, a[:, None]))
+            entropy.append(normalised_entropy(lp, mask))
+        relevant = self.relevance[op]
+        actions = torch.where(relevant, torch.stack(chosen, dim=1), self.canonical)
+        zero = torch.zeros((), dtype=op_lp.dtype, device=op_lp.device)
+        lp_out = torch.where(relevant, torch.cat(log_probs, dim=1), zero)
+        ent_out = torch.where(relevant, torch.stack(entropy, dim=1), zero)
+        return actions, lp_out, ent_out, op_lp.exp()
+
+    def forward(
+        self, obs: Tensor, blueprint_ids: Tensor, hidden: Hidden, resets: Tensor | None = None
+    ) -> tuple[Tensor, Hidden, Tensor]:
+        """The trunk over [N, T, ...]: (core [N, T, H], final hidden, values [N, T]).
+
+        Sampling and masking stay outside, so ``module.compile()`` compiles only this.
+        ``resets[n, t]`` zeroes env n's recurrent state before step t.
+        """
+        n, t = obs.shape[:2]
+        x = self._encode(obs.flatten(0, 1), blueprint_ids.flatten(0, 1)).view(n, t, -1)
+        if resets is None:
+            out, new_hidden = self.lstm(x, hidden)
+        else:
+            h, c = hidden
+            outs = []
+            for i in range(t):
+                keep = (~resets[:, i]).to(x.dtype).view(1, -1, 1)
+                o, (h, c) = self.lstm(x[:, i : i + 1], (h * keep, c * keep))
+                outs.append(o)
+            out, new_hidden = torch.cat(outs, dim=1), (h, c)
+        core = self.core_norm(out)
+        values = self.value_head(core).squeeze(-1)
+        return core, new_hidden, values
+
+    @overload
+    def act(
+        self,
+        inp: PolicyInput,
+        hidden: Hidden,
+        /,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep: ...
+
+    @overload
+    def act(
+        self,
+        obs: Tensor,
+        blueprint_ids: Tensor,
+        masks: ActionMasks,
+        hidden: Hidden,
+        /,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep: ...
+
+    @torch.no_grad()
+    def act(
+        self,
+        *args: Any,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep:
+        """One decision for N envs, one forward for all of them.
+
+        Either ``act(inp, hidden)`` (the :class:`~esper.policy.protocol.Policy` form) or
+        ``act(obs [N, D], blueprint_ids [N, S], masks [N, ...], hidden)``. Runs under
+        ``no_grad`` (not inference mode) so its outputs, hidden state included, can be
+        stored and fed back into :meth:`evaluate_actions`.
+        """
+        if len(args) == 2 and isinstance(args[0], PolicyInput):
+            inp, hidden = args
+            obs, blueprint_ids, masks = inp.obs, inp.blueprint_ids, inp.masks
+        elif len(args) == 4:
+            obs, blueprint_ids, masks, hidden = args
+        else:
+            raise TypeError("act(inp, hidden) or act(obs, blueprint_ids, masks, hidden)")
+        core, new_hidden, values = self(obs.unsqueeze(1), blueprint_ids.unsqueeze(1), hidden)
+        actions, log_probs, entropy, op_probs = self._heads(
+            core.squeeze(1), masks, None, generator, deterministic
+        )
+        return PolicyStep(actions, log_probs, values.squeeze(1), op_probs, entropy, new_hidden)
+
+    def evaluate_actions(
+        self,
+        obs: Tensor,
+        blueprint_ids: Tensor,
+        masks: ActionMasks,
+        actions: Tensor,
+        hidden0: Hidden,
+        *,
+        resets: Tensor | None = None,
+    ) -> EvalOutput:
+        """Score stored actions over a rollout [N, T, ...] by a full unroll from ``hidden0``.
+
+        ``resets[n, t]`` zeroes env n's recurrent state before step t (an episode began
+        there). The masking is the same as in :meth:`act`, so the log-probs match.
+        """
+        n, t = obs.shape[:2]
+        core, _, values = self(obs, blueprint_ids, hidden0, resets)
+        _, log_probs, entropy, _ = self._heads(
+            core.reshape(n * t, -1), masks.flatten_batch(), actions.reshape(n * t, -1), None, False
+        )
+        return EvalOutput(log_probs.view(n, t, -1), entropy.view(n, t, -1), values)
+
+    @torch.no_grad()
+    def predict_value(self, obs: Tensor, blueprint_ids: Tensor, hidden: Hidden) -> Tensor:
+        """V(s) [N] without sampling (for bootstrapping the truncated last step)."""
+        values: Tensor = self(obs.unsqueeze(1), blueprint_ids.unsqueeze(1), hidden)[2]
+        return values.squeeze(1)

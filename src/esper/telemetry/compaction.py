@@ -1,0 +1,184 @@
+"""Merging and rewriting part files without a window that loses or duplicates data.
+
+Every rewrite of a ``<type>/rank=<r>`` directory follows the same four steps:
+
+1. record the intent (output name + the inputs it replaces) in the manifest;
+2. write the output under a temporary name and rename it into place (atomic);
+3. delete the inputs;
+4. clear the intent from the manifest.
+
+A crash before step 2 leaves the inputs intact and the output absent. A crash between
+steps 2 and 3 leaves both on disk, but the manifest already says that the output
+supersedes the listed inputs, so :func:`live_parts` skips them (and a reader that
+deduplicates on ``(rank, seq)`` gets the same answer). :func:`recover_pending` finishes
+or abandons interrupted rewrites when a run is resumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from esper.telemetry.manifest import Compaction, Manifest
+from esper.telemetry.paths import (
+    EVENTS_DIR,
+    TMP_PREFIX,
+    TMP_SUFFIX,
+    list_parts,
+    part_name,
+)
+from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, PartSink
+
+#: Called with the manifest after it changed, to persist it (atomically).
+SaveManifest = Callable[[Manifest], None]
+
+
+def _batched(paths: Iterable[Path], schema: pa.Schema) -> Iterator[pa.Table]:
+    """Read small part files and regroup them into row-group-sized tables."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for path in paths:
+        table = pq.read_table(path, schema=schema)
+        pending.append(table)
+        rows += table.num_rows
+        if rows >= COMPACT_ROW_GROUP_ROWS:
+            yield pa.concat_tables(pending)
+            pending, rows = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
+
+
+def _events_relative(path: Path) -> str:
+    """``<type>/rank=<r>/part-<n>.parquet``: the part's name relative to ``events/``."""
+    return path.relative_to(path.parents[2]).as_posix()
+
+
+def rewrite_parts(
+    *,
+    sink: PartSink,
+    manifest: Manifest,
+    save: SaveManifest,
+    event_type: str,
+    inputs: list[Path],
+    output: Path,
+    tables: Iterable[pa.Table] | None,
+    schema: pa.Schema,
+) -> int:
+    """Replace ``inputs`` by ``output`` (built from ``tables``, or skipped when None).
+
+    Returns the size of the output in bytes (0 when no output is written).
+    """
+    record = Compaction(
+        event_type=event_type,
+        output=_events_relative(output),
+        inputs=[_events_relative(p) for p in inputs],
+    )
+    manifest.pending_compactions.append(record)
+    save(manifest)
+    size = 0 if tables is None else sink.write_tables(tables, schema, output)
+    for path in inputs:
+        sink.remove(path)
+    manifest.pending_compactions.remove(record)
+    save(manifest)
+    return size
+
+
+def compact_parts(
+    *,
+    sink: PartSink,
+    manifest: Manifest,
+    save: SaveManifest,
+    event_type: str,
+    inputs: list[Path],
+    output: Path,
+    schema: pa.Schema,
+) -> int:
+    """Merge ``inputs`` (in order) into ``output`` with the crash-safe rewrite."""
+    return rewrite_parts(
+        sink=sink,
+        manifest=manifest,
+        save=save,
+        event_type=event_type,
+        inputs=inputs,
+        output=output,
+        tables=_batched(inputs, schema),
+        schema=schema,
+    )
+
+
+def truncate_from_seq(
+    *,
+    sink: PartSink,
+    manifest: Manifest,
+    save: SaveManifest,
+    event_type: str,
+    directory: Path,
+    start_seq: int,
+    schema: pa.Schema,
+) -> int:
+    """Drop events with ``seq >= start_seq`` (a resumed run re-emits them); return count."""
+    parts = list_parts(directory)
+    next_number = parts[-1][0] + 1 if parts else 0
+    removed = 0
+    for _, path in parts:
+        table = pq.read_table(path, schema=schema)
+        keep = pc.less(table.column("seq"), start_seq)
+        kept = table.filter(keep)
+        if kept.num_rows == table.num_rows:
+            continue
+        removed += table.num_rows - kept.num_rows
+        output = directory / part_name(next_number)
+        next_number += 1
+        rewrite_parts(
+            sink=sink,
+            manifest=manifest,
+            save=save,
+            event_type=event_type,
+            inputs=[path],
+            output=output,
+            tables=[kept] if kept.num_rows else None,
+            schema=schema,
+        )
+    return removed
+
+
+def recover_pending(run_dir: Path, manifest: Manifest, sink: PartSink, save: SaveManifest) -> None:
+    """Finish rewrites a dead process started: drop inputs whose output exists."""
+    for record in list(manifest.pending_compactions):
+        if (run_dir / EVENTS_DIR / record.output).exists():
+            for name in record.inputs:
+                sink.remove(run_dir / EVENTS_DIR / name)
+        manifest.pending_compactions.remove(record)
+    save(manifest)
+
+
+def remove_stale_tmp(directory: Path) -> None:
+    """Delete temporary files a killed writer left behind (never visible to readers)."""
+    if not directory.is_dir():
+        return
+    for path in directory.rglob(f"{TMP_PREFIX}*{TMP_SUFFIX}"):
+        path.unlink(missing_ok=True)
+
+
+def live_parts(run_dir: Path, manifests: Iterable[Manifest] = ()) -> list[Path]:
+    """Every part file a reader should read, skipping inputs of a finished rewrite.
+
+    Pass the manifests of all ranks (see :func:`esper.telemetry.manifest.read_manifests`).
+    """
+    superseded: set[Path] = set()
+    for manifest in manifests:
+        for record in manifest.pending_compactions:
+            if (run_dir / EVENTS_DIR / record.output).exists():
+                superseded.update(run_dir / EVENTS_DIR / name for name in record.inputs)
+    events_dir = run_dir / EVENTS_DIR
+    if not events_dir.is_dir():
+        return []
+    found: list[Path] = []
+    for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir()):
+        for rank_dir in sorted(p for p in type_dir.iterdir() if p.is_dir()):
+            found.extend(p for _, p in list_parts(rank_dir) if p not in superseded)
+    return found

@@ -1,0 +1,436 @@
+"""The telemetry hub: the one object producers call, with an O(1) ``emit``.
+
+``emit`` filters by level, stamps the envelope (``run_id``, ``seq``, ``ts_ns``,
+``rank``) in place and appends the event to the writer's bounded buffer under a lock:
+no encoding, no I/O, no device sync. Filtering happens before stamping, so a filtered
+event never consumes a ``seq`` and ``seq`` has no gaps per run and rank. Everything
+else (Arrow conversion, Parquet, the manifest) happens in the writer thread
+(:mod:`esper.telemetry.writer`).
+
+Three implementations share the :class:`Hub` interface: :class:`TelemetryHub` (the
+real one, from :func:`open_run`), :class:`NullHub` (level ``off``: writes nothing at
+all) and :class:`MemoryHub` (keeps stamped events in a list, for tests).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+import msgspec
+
+from esper.core.enums import RunStatus, TelemetryLevel
+from esper.errors import UserError
+from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
+from esper.telemetry.events import WriterStats as WriterStatsEvent
+from esper.telemetry.manifest import WriterCounters, new_manifest
+from esper.telemetry.paths import resolve_run_dir, validate_run_id
+from esper.telemetry.resume import prepare_new, prepare_resume
+from esper.telemetry.sink import ParquetSink, PartSink
+from esper.telemetry.writer import EventWriter, TelemetryWriteError
+
+DEFAULT_FLUSH_INTERVAL_S: Final = 0.5
+DEFAULT_QUEUE_CAPACITY: Final = 65536
+#: Envelope value of ``seq`` before stamping; anything else means "already emitted".
+UNSTAMPED_SEQ: Final = -1
+
+_force_setattr = msgspec.structs.force_setattr
+_time_ns = time.time_ns
+_LEVELS = EVENT_LEVELS
+
+
+def _level_name(level: TelemetryLevel) -> str:
+    return level.name.lower()
+
+
+def _unknown_event(event: object) -> TypeError:
+    return TypeError(f"{type(event).__name__} is not an event type of the catalogue")
+
+
+def _already_emitted(event: Event) -> ValueError:
+    return ValueError(
+        f"{type(event).__name__} with seq={event.seq} was already emitted; build a new event"
+    )
+
+
+def _writer_stats_event(c: WriterCounters) -> WriterStatsEvent:
+    return WriterStatsEvent(
+        events_written=c.events_written,
+        bytes_written=c.bytes_written,
+        flushes=c.flushes,
+        max_queue_depth=c.max_queue_depth,
+        blocked_ns=c.blocked_ns,
+        blocked_emits=c.blocked_emits,
+        dropped=c.dropped,
+    )
+
+
+class Hub:
+    """Interface shared by every hub; producers should annotate with this type."""
+
+    run_id: str
+    rank: int
+    level: TelemetryLevel
+    run_dir: Path | None
+
+    def __init__(self, run_id: str, *, level: TelemetryLevel, rank: int, start_seq: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.level = level
+        self.run_dir = None
+        self._seq = start_seq
+        self._start_seq = start_seq
+        self._closed = False
+
+    def enabled(self, level: TelemetryLevel) -> bool:
+        """Whether events of ``level`` are recorded (use it to skip building them)."""
+        return level <= self.level
+
+    def emit(self, event: Event) -> None:
+        raise NotImplementedError
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next recorded event gets (store it in checkpoints)."""
+        return self._seq
+
+    @property
+    def events_emitted(self) -> int:
+        """Events recorded by this hub (filtered and dropped events excluded)."""
+        return self._seq - self._start_seq
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def set_level(
+        self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
+    ) -> None:
+        """Change the level (e.g. escalate to debug); the change is itself an event."""
+        self.emit(
+            TelemetryLevelChanged(
+                round=round,
+                old_level=_level_name(self.level),
+                new_level=_level_name(level),
+                reason=reason,
+                until_round=until_round,
+            )
+        )
+        self.level = level
+
+    def flush(self) -> None:
+        """Block until every event emitted so far is durable (no-op for in-memory hubs)."""
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close with the status the exit implies; never swallow the exception."""
+        if exc_type is None or exc is None:
+            self.close(RunStatus.FINISHED)
+            return
+        interrupted = issubclass(exc_type, KeyboardInterrupt)
+        status = RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED
+        try:
+            self.close(status, f"{exc_type.__name__}: {exc}")
+        except TelemetryWriteError as close_error:
+            if close_error is not exc:
+                exc.add_note(f"telemetry could not be closed cleanly: {close_error}")
+
+
+class TelemetryHub(Hub):
+    """Hub backed by the background Parquet writer; create it with :func:`open_run`."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        level: TelemetryLevel,
+        rank: int,
+        start_seq: int,
+        run_dir: Path,
+        writer: EventWriter,
+        drop_when_full: bool,
+    ) -> None:
+        super().__init__(run_id, level=level, rank=rank, start_seq=start_seq)
+        self.run_dir = run_dir
+        self._writer = writer
+        self._lock = writer.lock
+        self._buf = writer.buffer
+        self._capacity = writer.capacity
+        self._drop = drop_when_full
+
+    @property
+    def manifest_counters(self) -> WriterCounters:
+        """Live writer statistics (the same object the manifest reports)."""
+        return self._writer.counters
+
+    def emit(self, event: Event) -> None:
+        try:
+            if _LEVELS[type(event)] > self.level:
+                return
+        except KeyError:
+            raise _unknown_event(event) from None
+        if self._closed or self._writer.error is not None:
+            self._raise_unusable()
+        if event.seq != UNSTAMPED_SEQ:
+            raise _already_emitted(event)
+        with self._lock:
+            buf = self._buf
+            if len(buf) >= self._capacity:
+                if self._drop:
+                    self._writer.counters.dropped += 1
+                    return
+                self._writer.wait_for_room_locked()
+            seq = self._seq
+            self._seq = seq + 1
+            _force_setattr(event, "run_id", self.run_id)
+            _force_setattr(event, "seq", seq)
+            _force_setattr(event, "ts_ns", _time_ns())
+            _force_setattr(event, "rank", self.rank)
+            buf.append(event)
+
+    def _append_unfiltered(self, event: Event) -> None:
+        """Record ``event`` whatever the level (the final stats); blocks when full."""
+        with self._lock:
+            if len(self._buf) >= self._capacity:
+                self._writer.wait_for_room_locked()
+            seq = self._seq
+            self._seq = seq + 1
+            _force_setattr(event, "run_id", self.run_id)
+            _force_setattr(event, "seq", seq)
+            _force_setattr(event, "ts_ns", _time_ns())
+            _force_setattr(event, "rank", self.rank)
+            self._buf.append(event)
+
+    def _raise_unusable(self) -> None:
+        self._writer.raise_if_failed()
+        raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+
+    def flush(self) -> None:
+        if self._closed:
+            self._writer.raise_if_failed()
+            return
+        self._writer.flush()
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        """Flush, record a final ``writer_stats`` event, compact, write the final manifest.
+
+        Idempotent. Raises :class:`TelemetryWriteError` if the writer failed at any
+        point (the manifest then says ``failed`` if it can still be written).
+        """
+        if self._closed:
+            return
+        writer = self._writer
+        failure: TelemetryWriteError | None = None
+        try:
+            writer.flush()
+            self._emit_writer_stats()
+        except TelemetryWriteError as exc:
+            failure = exc
+        self._closed = True
+        _OPEN_HUBS.discard(self)
+        try:
+            writer.stop()
+        except TelemetryWriteError as exc:
+            failure = failure or exc
+        writer.finalize(status, error)
+        failure = failure or writer.error
+        if failure is not None:
+            raise failure
+
+    def _emit_writer_stats(self) -> None:
+        """The final stats event is written whatever the current level."""
+        self._append_unfiltered(_writer_stats_event(self._writer.counters))
+
+
+class NullHub(Hub):
+    """Level ``off``: nothing is recorded and nothing touches the disk."""
+
+    def __init__(self, run_id: str = "null", *, rank: int = 0, start_seq: int = 0) -> None:
+        super().__init__(run_id, level=TelemetryLevel.OFF, rank=rank, start_seq=start_seq)
+
+    def enabled(self, level: TelemetryLevel) -> bool:
+        return False
+
+    def emit(self, event: Event) -> None:
+        return None
+
+    def set_level(
+        self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
+    ) -> None:
+        return None
+
+
+class MemoryHub(Hub):
+    """Keeps stamped events in ``events`` (same filtering and stamping as the real hub)."""
+
+    def __init__(
+        self,
+        run_id: str = "memory",
+        *,
+        level: TelemetryLevel = TelemetryLevel.DEBUG,
+        rank: int = 0,
+        start_seq: int = 0,
+    ) -> None:
+        super().__init__(validate_run_id(run_id), level=level, rank=rank, start_seq=start_seq)
+        self.events: list[Event] = []
+        self.status: RunStatus = RunStatus.RUNNING
+        self.error = ""
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        try:
+            if _LEVELS[type(event)] > self.level:
+                return
+        except KeyError:
+            raise _unknown_event(event) from None
+        if self._closed:
+            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        if event.seq != UNSTAMPED_SEQ:
+            raise _already_emitted(event)
+        with self._lock:
+            self._stamp_and_store(event)
+
+    def _stamp_and_store(self, event: Event) -> None:
+        seq = self._seq
+        self._seq = seq + 1
+        _force_setattr(event, "run_id", self.run_id)
+        _force_setattr(event, "seq", seq)
+        _force_setattr(event, "ts_ns", _time_ns())
+        _force_setattr(event, "rank", self.rank)
+        self.events.append(event)
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        """Mirror the real hub: a final ``writer_stats`` event, then closed."""
+        if self._closed:
+            return
+        stats = _writer_stats_event(WriterCounters(events_written=len(self.events)))
+        with self._lock:
+            self._stamp_and_store(stats)
+        self.status, self.error = status, error
+        self._closed = True
+
+    def of_type(self, cls: type[Event]) -> list[Event]:
+        """The recorded events of one type, in emission order."""
+        return [e for e in self.events if type(e) is cls]
+
+
+def open_run(
+    telemetry_dir: str | os.PathLike[str],
+    run_id: str,
+    *,
+    level: TelemetryLevel,
+    rank: int = 0,
+    config_hash: str = "",
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
+    drop_when_full: bool = False,
+    start_seq: int = 0,
+    parent_run_id: str = "",
+    resume: bool = False,
+    sink: PartSink | None = None,
+) -> Hub:
+    """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
+
+    ``resume=True`` continues an existing run: ``seq`` restarts at ``start_seq`` (the
+    checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
+    ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
+    """
+    validate_run_id(run_id)
+    _check_open_args(rank, flush_interval_s, queue_capacity, start_seq)
+    if level == TelemetryLevel.OFF:
+        return NullHub(run_id, rank=rank, start_seq=start_seq)
+    run_dir = resolve_run_dir(telemetry_dir, run_id)
+    sink = sink or ParquetSink()
+    if resume:
+        manifest = prepare_resume(
+            run_dir,
+            rank=rank,
+            start_seq=start_seq,
+            level=_level_name(level),
+            flush_interval_s=flush_interval_s,
+            config_hash=config_hash,
+            sink=sink,
+        )
+    else:
+        manifest = new_manifest(
+            run_id=run_id,
+            rank=rank,
+            schema_version=SCHEMA_VERSION,
+            config_hash=config_hash,
+            parent_run_id=parent_run_id,
+            level=_level_name(level),
+            flush_interval_s=flush_interval_s,
+            first_seq=start_seq,
+        )
+        prepare_new(run_dir, manifest)
+    writer = EventWriter(
+        run_dir,
+        manifest=manifest,
+        flush_interval_s=flush_interval_s,
+        queue_capacity=queue_capacity,
+        sink=sink,
+    )
+    hub = TelemetryHub(
+        run_id,
+        level=level,
+        rank=rank,
+        start_seq=start_seq,
+        run_dir=run_dir,
+        writer=writer,
+        drop_when_full=drop_when_full,
+    )
+    writer.start()
+    _OPEN_HUBS.add(hub)
+    return hub
+
+
+def _check_open_args(rank: int, flush_interval_s: float, capacity: int, start_seq: int) -> None:
+    if rank < 0:
+        raise UserError(f"telemetry rank must be >= 0, got {rank}")
+    if not flush_interval_s > 0:
+        raise UserError(f"telemetry flush interval must be > 0 s, got {flush_interval_s}")
+    if capacity < 1:
+        raise UserError(f"telemetry queue capacity must be >= 1, got {capacity}")
+    if start_seq < 0:
+        raise UserError(f"telemetry start_seq must be >= 0, got {start_seq}")
+
+
+# --- Normal interpreter exit: close hubs the program forgot to close ----------------------
+
+#: Strong references: a hub the program dropped without closing must still be flushed.
+_OPEN_HUBS: set[TelemetryHub] = set()
+
+
+def _close_open_hubs() -> None:
+    """Flush and close every open hub at exit, with the status the exit implies."""
+    last = getattr(sys, "last_value", None)
+    if isinstance(last, KeyboardInterrupt):
+        status, error = RunStatus.INTERRUPTED, "KeyboardInterrupt"
+    elif last is not None:
+        status, error = RunStatus.FAILED, f"{type(last).__name__}: {last}"
+    else:
+        status, error = RunStatus.FINISHED, ""
+    for hub in list(_OPEN_HUBS):
+        try:
+            hub.close(status, error)
+        except Exception as exc:
+            print(f"warning: telemetry of run {hub.run_id!r}: {exc}", file=sys.stderr)
+
+
+atexit.register(_close_open_hubs)

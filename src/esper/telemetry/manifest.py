@@ -1,0 +1,161 @@
+"""The run manifest: one small JSON file per run and rank, rewritten atomically.
+
+The writer rewrites it after every flush (tmp file + ``os.replace``), so a reader always
+sees a complete manifest that describes at least the part files already on disk. Its
+``heartbeat_ns`` advances every flush interval while the producer lives; a run whose
+status is still ``running`` but whose heartbeat is stale was killed (see
+:func:`effective_status`).
+
+``pending_compactions`` records a compaction *before* its output replaces the inputs, so
+a reader that finds the output file can skip the listed inputs (and a reader that
+deduplicates on ``(rank, seq)`` is correct in every case).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from esper.core.enums import RunStatus
+from esper.telemetry.paths import manifest_paths, tmp_path_for
+
+#: A ``running`` manifest whose heartbeat is older than this many flush intervals
+#: (and at least :data:`MIN_STALE_S`) belongs to a dead producer.
+STALE_INTERVALS: Final = 10
+MIN_STALE_S: Final = 5.0
+NS_PER_S: Final = 1_000_000_000
+
+
+class WriterCounters(msgspec.Struct, kw_only=True):
+    """Cumulative writer statistics (also emitted as the final ``writer_stats`` event)."""
+
+    events_written: int = 0
+    bytes_written: int = 0
+    flushes: int = 0
+    max_queue_depth: int = 0
+    blocked_ns: int = 0
+    blocked_emits: int = 0
+    dropped: int = 0
+    compactions: int = 0
+
+
+class Compaction(msgspec.Struct, kw_only=True):
+    """One compaction of several parts of a ``<type>/rank=<r>`` directory into one."""
+
+    event_type: str
+    output: str
+    inputs: list[str]
+
+
+class ResumeRecord(msgspec.Struct, kw_only=True):
+    """A resume of this run: where seq restarted and what was cut from the old tail."""
+
+    start_seq: int
+    at_ns: int
+    pid: int
+    events_truncated: int
+    #: Config fingerprint of the resumed session (the run keeps its original one).
+    config_hash: str
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    run_id: str
+    rank: int
+    schema_version: int
+    config_hash: str
+    parent_run_id: str
+    status: str
+    error: str = ""
+    level: str
+    pid: int
+    hostname: str
+    flush_interval_s: float
+    started_ns: int
+    heartbeat_ns: int
+    finished_ns: int = 0
+    first_seq: int = 0
+    last_seq: int = -1
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    writer: WriterCounters = msgspec.field(default_factory=WriterCounters)
+    pending_compactions: list[Compaction] = msgspec.field(default_factory=list)
+    resumes: list[ResumeRecord] = msgspec.field(default_factory=list)
+
+
+def new_manifest(
+    *,
+    run_id: str,
+    rank: int,
+    schema_version: int,
+    config_hash: str,
+    parent_run_id: str,
+    level: str,
+    flush_interval_s: float,
+    first_seq: int,
+) -> Manifest:
+    now = time.time_ns()
+    return Manifest(
+        run_id=run_id,
+        rank=rank,
+        schema_version=schema_version,
+        config_hash=config_hash,
+        parent_run_id=parent_run_id,
+        status=RunStatus.RUNNING.value,
+        level=level,
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        flush_interval_s=flush_interval_s,
+        started_ns=now,
+        heartbeat_ns=now,
+        first_seq=first_seq,
+        last_seq=first_seq - 1,
+    )
+
+
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    """Atomically replace ``path`` with ``manifest`` (readers never see half a file)."""
+    tmp = tmp_path_for(path)
+    data = msgspec.json.format(_encoder.encode(manifest), indent=2) + b"\n"
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_manifest(path: Path) -> Manifest:
+    return msgspec.json.decode(path.read_bytes(), type=Manifest)
+
+
+def read_manifests(run_dir: Path) -> list[Manifest]:
+    """The manifests of all ranks of a run (an empty list if none was written yet)."""
+    return [read_manifest(p) for p in manifest_paths(run_dir)]
+
+
+def effective_status(manifest: Manifest, *, now_ns: int | None = None) -> RunStatus:
+    """The manifest status, with a stale ``running`` reported as ``crashed``."""
+    status = RunStatus(manifest.status)
+    if status is not RunStatus.RUNNING:
+        return status
+    if manifest.hostname == socket.gethostname() and not _pid_alive(manifest.pid):
+        return RunStatus.CRASHED
+    now = time.time_ns() if now_ns is None else now_ns
+    stale_s = max(MIN_STALE_S, STALE_INTERVALS * manifest.flush_interval_s)
+    if now - manifest.heartbeat_ns > stale_s * NS_PER_S:
+        return RunStatus.CRASHED
+    return status
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (signal 0 probes only)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,107 @@
+"""Where a run's telemetry lives on disk, and the checks that keep it there.
+
+Layout (hive-style, so polars, DuckDB and Spark read a fleet of runs unchanged)::
+
+    <telemetry_dir>/<run_id>/manifest.json                 rank 0's manifest
+    <telemetry_dir>/<run_id>/manifest-rank<r>.json         other ranks' manifests
+    <telemetry_dir>/<run_id>/events/<event_type>/rank=<r>/part-<n>.parquet
+
+A run id becomes a directory name, so it is validated before anything touches the disk:
+no separators, no ``..``, no absolute paths, and the resolved directory (symlinks
+followed) must stay inside the telemetry directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Final
+
+from esper.errors import UserError
+
+RUN_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+EVENTS_DIR: Final = "events"
+MANIFEST_NAME: Final = "manifest.json"
+PART_PREFIX: Final = "part-"
+PART_SUFFIX: Final = ".parquet"
+#: Zero padding of part numbers, so lexical order is numeric order for typical runs.
+PART_DIGITS: Final = 6
+#: In-progress files start with a dot: hive readers (and our own globs) skip them.
+TMP_PREFIX: Final = "."
+TMP_SUFFIX: Final = ".tmp"
+_PART_RE: Final = re.compile(rf"{PART_PREFIX}(\d+){re.escape(PART_SUFFIX)}")
+
+
+def validate_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a safe directory name, else raise :class:`UserError`."""
+    if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
+        raise UserError(
+            f"invalid run id {run_id!r}: use 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return run_id
+
+
+def resolve_run_dir(telemetry_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The run directory for ``run_id``, guaranteed to lie inside ``telemetry_dir``.
+
+    A pre-existing symlink named like the run that points elsewhere is rejected, so a
+    writer can never be tricked into writing outside the telemetry directory.
+    """
+    validate_run_id(run_id)
+    root = Path(telemetry_dir).resolve()
+    candidate = root / run_id
+    resolved = candidate.resolve()
+    if resolved.parent != root and root not in resolved.parents:
+        raise UserError(
+            f"run directory {candidate} resolves to {resolved}, outside the telemetry "
+            f"directory {root}"
+        )
+    return candidate
+
+
+def manifest_path(run_dir: Path, rank: int) -> Path:
+    """Rank 0 owns ``manifest.json``; other ranks write their own, side by side."""
+    if rank == 0:
+        return run_dir / MANIFEST_NAME
+    return run_dir / f"manifest-rank{rank}.json"
+
+
+def manifest_paths(run_dir: Path) -> list[Path]:
+    """Manifests of every rank present in ``run_dir`` (rank 0 first)."""
+    found = [run_dir / MANIFEST_NAME] if (run_dir / MANIFEST_NAME).is_file() else []
+    found.extend(sorted(run_dir.glob("manifest-rank*.json")))
+    return found
+
+
+def type_rank_dir(run_dir: Path, event_type: str, rank: int) -> Path:
+    return run_dir / EVENTS_DIR / event_type / f"rank={rank}"
+
+
+def part_name(number: int) -> str:
+    return f"{PART_PREFIX}{number:0{PART_DIGITS}d}{PART_SUFFIX}"
+
+
+def part_number(name: str) -> int | None:
+    """The number in ``part-<n>.parquet``, or None for any other file name."""
+    match = _PART_RE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def tmp_path_for(path: Path) -> Path:
+    """Sibling temporary name used while ``path`` is being written."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}{TMP_SUFFIX}")
+
+
+def list_parts(directory: Path) -> list[tuple[int, Path]]:
+    """Closed part files in one ``<type>/rank=<r>`` directory, sorted by number."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        number = part_number(entry.name)
+        if number is not None:
+            found.append((number, entry))
+    found.sort()
+    return found

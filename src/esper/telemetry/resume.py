@@ -1,0 +1,118 @@
+"""Preparing a run directory for a new run, or for resuming an existing one.
+
+A resumed run restarts ``seq`` at the checkpoint's position (``start_seq``). Events the
+dead process wrote after that position are re-emitted by the resumed run, so they are
+cut from the old tail first (with the crash-safe rewrite of
+:mod:`esper.telemetry.compaction`); ``seq`` then stays strictly increasing without
+duplicates across both sessions. Part numbers continue after the highest existing one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from esper.core.enums import RunStatus
+from esper.errors import UserError
+from esper.telemetry.arrow_schema import event_schema
+from esper.telemetry.compaction import (
+    live_parts,
+    recover_pending,
+    remove_stale_tmp,
+    truncate_from_seq,
+)
+from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
+from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
+from esper.telemetry.paths import EVENTS_DIR, list_parts, manifest_path, type_rank_dir
+from esper.telemetry.sink import PartSink
+
+
+def prepare_new(run_dir: Path, manifest: Manifest) -> None:
+    """Create the run directory; refuse to mix a new run into an existing one."""
+    path = manifest_path(run_dir, manifest.rank)
+    has_parts = any(list_parts(type_rank_dir(run_dir, tag, manifest.rank)) for tag in EVENT_TYPES)
+    if path.exists() or has_parts:
+        raise UserError(
+            f"run {manifest.run_id!r} already has telemetry for rank {manifest.rank} in "
+            f"{run_dir}; choose another run id, or resume it"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_manifest(path, manifest)
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {run_dir}: {exc}") from None
+
+
+def prepare_resume(
+    run_dir: Path,
+    *,
+    rank: int,
+    start_seq: int,
+    level: str,
+    flush_interval_s: float,
+    config_hash: str,
+    sink: PartSink,
+) -> Manifest:
+    """Load the run's manifest, repair what a crash left, cut the tail at ``start_seq``."""
+    path = manifest_path(run_dir, rank)
+    if not path.is_file():
+        raise UserError(f"cannot resume: no telemetry manifest at {path}")
+    manifest = read_manifest(path)
+    if manifest.schema_version != SCHEMA_VERSION:
+        raise UserError(
+            f"cannot resume {run_dir}: it was written with telemetry schema "
+            f"v{manifest.schema_version}, this build writes v{SCHEMA_VERSION}"
+        )
+
+    def save(m: Manifest) -> None:
+        write_manifest(path, m)
+
+    recover_pending(run_dir, manifest, sink, save)
+    remove_stale_tmp(run_dir / EVENTS_DIR)
+    truncated = 0
+    for tag, cls in EVENT_TYPES.items():
+        truncated += truncate_from_seq(
+            sink=sink,
+            manifest=manifest,
+            save=save,
+            event_type=tag,
+            directory=type_rank_dir(run_dir, tag, rank),
+            start_seq=start_seq,
+            schema=event_schema(cls),
+        )
+    manifest.counts = _count_rows(run_dir, manifest)
+    manifest.resumes.append(
+        ResumeRecord(
+            start_seq=start_seq,
+            at_ns=time.time_ns(),
+            pid=os.getpid(),
+            events_truncated=truncated,
+            config_hash=config_hash,
+        )
+    )
+    manifest.status = RunStatus.RUNNING.value
+    manifest.error = ""
+    manifest.finished_ns = 0
+    manifest.pid = os.getpid()
+    manifest.hostname = socket.gethostname()
+    manifest.level = level
+    manifest.flush_interval_s = flush_interval_s
+    manifest.last_seq = start_seq - 1
+    save(manifest)
+    return manifest
+
+
+def _count_rows(run_dir: Path, manifest: Manifest) -> dict[str, int]:
+    """Per-type event counts of this rank, read from the Parquet footers on disk."""
+    counts: dict[str, int] = {}
+    rank_dir = f"rank={manifest.rank}"
+    for part in live_parts(run_dir, [manifest]):
+        if part.parent.name != rank_dir:
+            continue
+        tag = part.parent.parent.name
+        counts[tag] = counts.get(tag, 0) + pq.read_metadata(part).num_rows
+    return dict(sorted(counts.items()))

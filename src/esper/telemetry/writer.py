@@ -1,0 +1,268 @@
+"""The background writer: drains the hub's buffer into Parquet off the critical path.
+
+Mechanism (crash safety). ``flush_interval_s`` is the durability bound: the writer
+thread wakes every half interval (:data:`WAKES_PER_INTERVAL`), swaps out the events
+buffered so far, groups them by type, converts each group to one Arrow table and writes
+it as a *small closed Parquet file* (``part-<n>.parquet``, written under a dot tmp name
+and renamed into place), then rewrites ``manifest.json`` atomically with the new counts,
+``last_seq`` and a heartbeat. An event therefore sits only in memory for at most half an
+interval plus the time to write one batch, and a ``kill -9`` loses at most the events of
+the last flush interval: every earlier event is in a closed file. Too many
+small files are merged as the run goes (every :data:`ROLLING_COMPACT_PARTS` parts) and
+everything is merged into one file per type on close; merges follow the
+intent-first protocol of :mod:`esper.telemetry.compaction`, so no event is ever lost
+or duplicated by a merge.
+
+Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
+producer blocks until the writer has drained it (lossless by default); blocked time and
+the number of blocked emits are counted. With ``drop_when_full`` the event is dropped
+instead and counted. Both counts reach the manifest and the final ``writer_stats`` event.
+
+Errors. Any exception in the writer thread is stored as :class:`TelemetryWriteError`
+(naming the path and the OS error) and raised in the producer at its next ``emit``,
+``flush`` or ``close``; the writer stops at the first error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Final
+
+from esper.core.enums import RunStatus
+from esper.errors import EsperError
+from esper.telemetry.arrow_schema import event_schema, events_to_table
+from esper.telemetry.compaction import compact_parts
+from esper.telemetry.events import EVENT_TYPES, Event, event_tag
+from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
+from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
+from esper.telemetry.sink import PartSink
+
+#: The writer wakes this often per flush interval, leaving the other half of the
+#: interval for writing the batch, so the durability bound holds with margin.
+WAKES_PER_INTERVAL: Final = 2
+#: Merge a type's fresh part files once this many have accumulated during a run.
+ROLLING_COMPACT_PARTS: Final = 128
+#: How long ``close`` waits for the writer thread to finish its last drain.
+JOIN_TIMEOUT_S: Final = 120.0
+
+
+class TelemetryWriteError(EsperError):
+    """The telemetry writer failed; the message names the path and the OS error."""
+
+
+class EventWriter:
+    """Owns the bounded buffer the hub appends to, and the thread that drains it.
+
+    The hub holds ``lock`` while it appends to ``buffer`` (see
+    :meth:`esper.telemetry.hub.TelemetryHub.emit`); everything else here runs either in
+    the writer thread or, after :meth:`stop`, in the closing thread.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        manifest: Manifest,
+        flush_interval_s: float,
+        queue_capacity: int,
+        sink: PartSink,
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = manifest.rank
+        self.manifest = manifest
+        self.counters: WriterCounters = manifest.writer
+        self.capacity = queue_capacity
+        self.flush_interval_s = flush_interval_s
+        self._period_s = flush_interval_s / WAKES_PER_INTERVAL
+        self.sink = sink
+        self.lock = threading.Lock()
+        self.buffer: list[Event] = []
+        self.error: TelemetryWriteError | None = None
+        self._wake = threading.Condition(self.lock)
+        self._room = threading.Condition(self.lock)
+        self._flushed = threading.Condition(self.lock)
+        self._flush_requested = 0
+        self._flush_done = 0
+        self._stopping = False
+        self._io_path: Path = manifest_path(run_dir, self.rank)
+        self._next_part: dict[str, int] = {}
+        self._fresh: dict[str, list[Path]] = defaultdict(list)
+        self._thread = threading.Thread(
+            target=self._run, name=f"esper-telemetry-{manifest.run_id}", daemon=True
+        )
+
+    # --- lifecycle (producer thread) ----------------------------------------------------
+
+    def start(self) -> None:
+        self.save_manifest()
+        self._thread.start()
+
+    def wait_for_room_locked(self) -> None:
+        """Block until the buffer has room (``lock`` held); count the blocked time."""
+        start = time.perf_counter_ns()
+        self._wake.notify()
+        while len(self.buffer) >= self.capacity and self.error is None:
+            if not self._thread.is_alive():
+                raise TelemetryWriteError("telemetry writer thread is not running")
+            self._room.wait(self.flush_interval_s)
+        self.counters.blocked_ns += time.perf_counter_ns() - start
+        self.counters.blocked_emits += 1
+        if self.error is not None:
+            raise self.error
+
+    def flush(self) -> None:
+        """Return once every event buffered before the call is in a closed file."""
+        with self.lock:
+            self.raise_if_failed()
+            if not self._thread.is_alive():
+                raise TelemetryWriteError("telemetry writer is closed; cannot flush")
+            self._flush_requested += 1
+            target = self._flush_requested
+            self._wake.notify()
+            while self._flush_done < target and self.error is None:
+                if not self._thread.is_alive():
+                    raise TelemetryWriteError("telemetry writer thread stopped unexpectedly")
+                self._flushed.wait(self.flush_interval_s)
+            self.raise_if_failed()
+
+    def stop(self) -> None:
+        """Drain what is left, stop the thread and wait for it."""
+        with self.lock:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            raise TelemetryWriteError(
+                f"telemetry writer did not finish within {JOIN_TIMEOUT_S:.0f} s "
+                f"(last path: {self._io_path})"
+            )
+
+    def finalize(self, status: RunStatus, error: str) -> None:
+        """Merge each type's parts into one file and write the final manifest."""
+        if self.error is None:
+            try:
+                self._compact_all()
+            except Exception as exc:
+                self._fail(exc)
+        self.manifest.status = status.value if self.error is None else RunStatus.FAILED.value
+        self.manifest.error = error or (str(self.error) if self.error else "")
+        self.manifest.finished_ns = time.time_ns()
+        try:
+            self.save_manifest()
+        except Exception as exc:
+            if self.error is None:
+                self._fail(exc)
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # --- writer thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._period_s
+        while True:
+            with self.lock:
+                while (
+                    not self._stopping
+                    and self._flush_requested == self._flush_done
+                    and len(self.buffer) < self.capacity
+                ):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wake.wait(remaining)
+                batch = self.buffer.copy()
+                self.buffer.clear()
+                generation = self._flush_requested
+                stopping = self._stopping
+                self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
+                self._room.notify_all()
+            deadline = time.monotonic() + self._period_s
+            try:
+                self._write_batch(batch)
+                self._rolling_compaction()
+                self.save_manifest()
+            except BaseException as exc:
+                self._fail(exc)
+                return
+            with self.lock:
+                self._flush_done = generation
+                self._flushed.notify_all()
+            if stopping:
+                return
+
+    def _write_batch(self, batch: list[Event]) -> None:
+        if not batch:
+            return
+        groups: dict[type[Event], list[Event]] = defaultdict(list)
+        for event in batch:
+            groups[type(event)].append(event)
+        for cls, events in groups.items():
+            tag = event_tag(cls)
+            table = events_to_table(cls, events)
+            path = self._next_part_path(tag)
+            self._io_path = path
+            size = self.sink.write_table(table, path)
+            self._fresh[tag].append(path)
+            self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
+            self.counters.bytes_written += size
+            self.counters.events_written += len(events)
+        self.counters.flushes += 1
+        self.manifest.last_seq = batch[-1].seq
+
+    def _next_part_path(self, tag: str) -> Path:
+        directory = type_rank_dir(self.run_dir, tag, self.rank)
+        number = self._next_part.get(tag)
+        if number is None:
+            existing = list_parts(directory)
+            number = existing[-1][0] + 1 if existing else 0
+        self._next_part[tag] = number + 1
+        return directory / part_name(number)
+
+    def _rolling_compaction(self) -> None:
+        for tag, fresh in self._fresh.items():
+            if len(fresh) >= ROLLING_COMPACT_PARTS:
+                self._merge(tag, list(fresh))
+                fresh.clear()
+
+    def _compact_all(self) -> None:
+        for tag in sorted(EVENT_TYPES):
+            parts = [p for _, p in list_parts(type_rank_dir(self.run_dir, tag, self.rank))]
+            if len(parts) > 1:
+                self._merge(tag, parts)
+        self._fresh.clear()
+
+    def _merge(self, tag: str, inputs: list[Path]) -> None:
+        output = self._next_part_path(tag)
+        self._io_path = output
+        compact_parts(
+            sink=self.sink,
+            manifest=self.manifest,
+            save=lambda _m: self.save_manifest(),
+            event_type=tag,
+            inputs=inputs,
+            output=output,
+            schema=event_schema(EVENT_TYPES[tag]),
+        )
+        self.counters.compactions += 1
+
+    def save_manifest(self) -> None:
+        path = manifest_path(self.run_dir, self.rank)
+        self._io_path = path
+        self.manifest.heartbeat_ns = time.time_ns()
+        write_manifest(path, self.manifest)
+
+    def _fail(self, exc: BaseException) -> None:
+        error = TelemetryWriteError(
+            f"telemetry writer failed on {self._io_path}: {type(exc).__name__}: {exc}"
+        )
+        error.__cause__ = exc
+        with self.lock:
+            if self.error is None:
+                self.error = error
+            self._room.notify_all()
+            self._flushed.notify_all()

@@ -1,0 +1,107 @@
+"""Detect unhealthy PPO updates and escalate telemetry to debug for a bounded time.
+
+An anomaly raises the level to ``debug`` until ``round + escalation_rounds``; the
+escalation and the return to the configured level are themselves events
+(``telemetry_level_changed``), so an analysis can tell which rounds ran at debug.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from esper.core.enums import AnomalyKind, TelemetryLevel
+from esper.core.protocols import Hub
+from esper.core.records import PPOMetrics
+from esper.telemetry.events import AnomalyDetected
+
+RATIO_EXPLOSION_THRESHOLD = 5.0
+KL_SPIKE_FACTOR = 10.0
+ENTROPY_COLLAPSE_THRESHOLD = 0.01
+VALUE_COLLAPSE_EV = -1.0
+
+
+class Anomaly(msgspec.Struct, frozen=True):
+    kind: AnomalyKind
+    detail: str
+    value: float
+    threshold: float
+
+
+def detect_anomalies(m: PPOMetrics, *, target_kl: float | None) -> list[Anomaly]:
+    found: list[Anomaly] = []
+    if m.skipped:
+        found.append(Anomaly(AnomalyKind.NON_FINITE_LOSS, m.skip_reason, math.nan, math.nan))
+        return found
+    if m.ratio_max > RATIO_EXPLOSION_THRESHOLD:
+        found.append(
+            Anomaly(
+                AnomalyKind.RATIO_EXPLOSION,
+                "max policy ratio",
+                m.ratio_max,
+                RATIO_EXPLOSION_THRESHOLD,
+            )
+        )
+    if target_kl is not None and m.approx_kl > KL_SPIKE_FACTOR * target_kl:
+        limit = KL_SPIKE_FACTOR * target_kl
+        found.append(Anomaly(AnomalyKind.KL_SPIKE, "approx KL", m.approx_kl, limit))
+    if m.entropy_op < ENTROPY_COLLAPSE_THRESHOLD:
+        found.append(
+            Anomaly(
+                AnomalyKind.ENTROPY_COLLAPSE,
+                "op-head entropy",
+                m.entropy_op,
+                ENTROPY_COLLAPSE_THRESHOLD,
+            )
+        )
+    if m.explained_variance < VALUE_COLLAPSE_EV:
+        found.append(
+            Anomaly(
+                AnomalyKind.VALUE_COLLAPSE,
+                "explained variance",
+                m.explained_variance,
+                VALUE_COLLAPSE_EV,
+            )
+        )
+    return found
+
+
+class TelemetryEscalator:
+    """Raises the hub to debug on anomalies and restores the base level afterwards."""
+
+    def __init__(self, hub: Hub, *, base: TelemetryLevel, rounds: int) -> None:
+        self.hub = hub
+        self.base = base
+        self.rounds = rounds
+        self.until_round = -1
+
+    def report(self, anomalies: list[Anomaly], *, rnd: int) -> None:
+        escalate = bool(anomalies) and self.rounds > 0 and self.base != TelemetryLevel.OFF
+        for a in anomalies:
+            self.hub.emit(
+                AnomalyDetected(
+                    round=rnd,
+                    kind=a.kind.value,
+                    detail=a.detail,
+                    value=a.value,
+                    threshold=a.threshold,
+                    escalated=escalate and self.base < TelemetryLevel.DEBUG,
+                )
+            )
+        if not escalate or self.base >= TelemetryLevel.DEBUG:
+            return
+        self.until_round = rnd + self.rounds
+        if self.hub.level != TelemetryLevel.DEBUG:
+            kinds = ",".join(a.kind.value for a in anomalies)
+            self.hub.set_level(
+                TelemetryLevel.DEBUG,
+                reason=f"anomaly:{kinds}",
+                round=rnd,
+                until_round=self.until_round,
+            )
+
+    def on_round_start(self, rnd: int) -> None:
+        if self.hub.level != self.base and 0 <= self.until_round <= rnd:
+            self.hub.set_level(self.base, reason="escalation_expired", round=rnd, until_round=-1)
+            self.until_round = -1

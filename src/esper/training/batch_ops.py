@@ -1,0 +1,220 @@
+"""The host-network work of one step: a train epoch and a fused validation pass.
+
+Fenced hot path. Losses, correct counts and gradient norms accumulate in device
+tensors; nothing here calls ``.item()``, ``.cpu()`` or ``.tolist()``. After both passes,
+:func:`gather_step_stats` packs every env's numbers into one tensor and transfers it to
+the host once. On CUDA each env runs on its own stream, waits on the default stream
+before touching loader tensors, records them on its stream, and the streams are
+synchronised once per pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from esper.core.enums import AmpMode
+from esper.training.env_state import EnvState
+
+#: Gradient clipping of host and seed parameters during host training.
+HOST_GRAD_CLIP = 5.0
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    amp: AmpMode
+    channels_last: bool
+
+
+@dataclass(frozen=True)
+class EnvStepStats:
+    """Host-side numbers of one env for one step (after the single transfer)."""
+
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    config_accs: tuple[float, ...]  # percent, one per ablation config (row 0 = real)
+    grad_norms: tuple[float, ...]
+
+
+def _stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
+    if env.stream is None:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(env.stream)
+
+
+def _autocast(env: EnvState, amp: AmpMode) -> contextlib.AbstractContextManager[object]:
+    if amp == AmpMode.OFF or env.device.type != "cuda":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if amp == AmpMode.FP16 else torch.bfloat16
+    return torch.autocast(device_type="cuda", dtype=dtype)
+
+
+def _prepare_inputs(env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions):
+    """Move a batch to the env's device/stream (no sync: non_blocking, record_stream)."""
+    if env.stream is not None:
+        env.stream.wait_stream(torch.cuda.current_stream(env.device))
+    x = x.to(env.device, non_blocking=True)
+    y = y.to(env.device, non_blocking=True)
+    if opts.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if env.stream is not None:
+        x.record_stream(env.stream)
+        y.record_stream(env.stream)
+    return x, y
+
+
+def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean loss and correct count; language models are scored per token."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    target = y.reshape(-1)
+    loss = F.cross_entropy(flat.float(), target)
+    correct = (flat.argmax(dim=-1) == target).sum()
+    return loss, correct
+
+
+def train_batch(
+    env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions, *, inject_nan: bool
+) -> None:
+    """Forward, backward, clip, host + seed optimizer steps; accumulate on device."""
+    x, y = _prepare_inputs(env, x, y, opts)
+    model = env.model
+    with _autocast(env, opts.amp):
+        logits = model(x)
+        loss, correct = _loss_and_correct(logits, y)
+    if inject_nan:
+        loss = loss * math.nan
+    optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    scaler = env.scaler
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        for opt in optimizers:
+            scaler.unscale_(opt)
+    else:
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), HOST_GRAD_CLIP, foreach=True)
+    env.last_grad_norms = model.grad_norms()
+    for opt in optimizers:
+        if scaler is not None:
+            scaler.step(opt)
+        else:
+            opt.step()
+    if scaler is not None:
+        scaler.update()
+    n = y.numel()
+    accum = env.train_accum
+    assert accum is not None
+    accum[0] += loss.detach().float() * n
+    accum[1] += correct
+    accum[2] += n
+
+
+def train_epoch(
+    envs: Sequence[EnvState],
+    batches: Iterable[list[tuple[torch.Tensor, torch.Tensor]]],
+    opts: PassOptions,
+    *,
+    nan_envs: frozenset[int] = frozenset(),
+) -> None:
+    """One pass of the shared batch iterator; each env trains on its share."""
+    for env in envs:
+        env.model.train()
+        assert env.train_accum is not None
+        env.train_accum.zero_()
+    for per_env in batches:
+        for env, (x, y) in zip(envs, per_env, strict=True):
+            with _stream_ctx(env):
+                train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
+    _synchronize(envs)
+
+
+def validate_fused(
+    envs: Sequence[EnvState],
+    val_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    alphas: Sequence[torch.Tensor | None],
+    opts: PassOptions,
+) -> list[torch.Tensor]:
+    """One pass over validation data; per env one fused forward for all configs.
+
+    ``alphas[i]`` is env i's [K, n_slots] alpha matrix (row 0 = the real model), or
+    None when it has no active seed (then K = 1 and a plain forward is used). Returns,
+    per env, a device tensor ``[val_loss_sum, n, correct_0 .. correct_{K-1}]``.
+    """
+    results: list[torch.Tensor] = []
+    for env, alpha in zip(envs, alphas, strict=True):
+        env.model.eval()
+        k = 1 if alpha is None else alpha.shape[0]
+        acc = torch.zeros(2 + k, device=env.device)
+        with _stream_ctx(env), torch.inference_mode():
+            alpha_dev = None if alpha is None else alpha.to(env.device, non_blocking=True)
+            for x, y in val_batches:
+                x, y = _prepare_inputs(env, x, y, opts)
+                with _autocast(env, opts.amp):
+                    if alpha_dev is None:
+                        logits = env.model(x).unsqueeze(0)
+                    else:
+                        logits = env.model.fused_forward(x, alpha_dev)
+                flat_real = logits[0].reshape(-1, logits.shape[-1]).float()
+                acc[0] += F.cross_entropy(flat_real, y.reshape(-1), reduction="sum")
+                acc[1] += y.numel()
+                hits = logits.argmax(dim=-1) == y.unsqueeze(0)
+                acc[2:] += hits.reshape(k, -1).sum(dim=1)
+        results.append(acc)
+    _synchronize(envs)
+    return results
+
+
+def gather_step_stats(
+    envs: Sequence[EnvState], val_results: Sequence[torch.Tensor]
+) -> list[EnvStepStats]:
+    """Pack every env's device numbers and transfer them to the host ONCE."""
+    parts: list[torch.Tensor] = []
+    sizes: list[tuple[int, int]] = []
+    for env, val in zip(envs, val_results, strict=True):
+        assert env.train_accum is not None
+        grads = env.last_grad_norms.reshape(-1).float()
+        parts += [
+            env.train_accum.to(envs[0].device),
+            val.to(envs[0].device),
+            grads.to(envs[0].device),
+        ]
+        sizes.append((val.numel(), grads.numel()))
+    host = torch.cat(parts).cpu().tolist()  # the step's single device-to-host transfer
+    return _unpack(host, sizes)
+
+
+def _unpack(host: list[float], sizes: Sequence[tuple[int, int]]) -> list[EnvStepStats]:
+    out: list[EnvStepStats] = []
+    i = 0
+    for val_size, grad_size in sizes:
+        loss_sum, correct, count = host[i : i + 3]
+        val = host[i + 3 : i + 3 + val_size]
+        grads = host[i + 3 + val_size : i + 3 + val_size + grad_size]
+        i += 3 + val_size + grad_size
+        n_val = max(val[1], 1.0)
+        out.append(
+            EnvStepStats(
+                train_loss=loss_sum / max(count, 1.0),
+                train_acc=100.0 * correct / max(count, 1.0),
+                val_loss=val[0] / n_val,
+                val_acc=100.0 * val[2] / n_val,
+                config_accs=tuple(100.0 * c / n_val for c in val[2:]),
+                grad_norms=tuple(grads),
+            )
+        )
+    return out
+
+
+def _synchronize(envs: Sequence[EnvState]) -> None:
+    """One synchronise per env stream per pass (no-op on CPU)."""
+    for env in envs:
+        if env.stream is not None:
+            env.stream.synchronize()

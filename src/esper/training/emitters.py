@@ -1,0 +1,228 @@
+"""Turn trainer records into telemetry events.
+
+Pure functions: each takes host-side values the step has already transferred (never a
+device tensor), builds one event and emits it. Callers check ``hub.enabled(level)``
+before building the inputs of ``normal``/``debug`` events so a lower level costs
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
+from esper.core.enums import LifecycleOp
+from esper.core.protocols import Hub
+from esper.core.records import (
+    CounterfactualRecord,
+    GateRecord,
+    LifecycleRecord,
+    PPOMetrics,
+    RewardBreakdown,
+    RollbackRecord,
+    SeedFossilizedRecord,
+    SeedGerminatedRecord,
+    SeedPrunedRecord,
+    StageChangedRecord,
+)
+from esper.telemetry import events as ev
+
+
+def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: int) -> None:
+    """One lifecycle record from the model becomes one ``seed_*``/``gate_evaluated`` event."""
+    envelope = {"round": rnd, "env": env, "step": step}
+    event: ev.Event
+    if isinstance(rec, SeedGerminatedRecord):
+        event = ev.SeedGerminated(
+            **envelope,
+            slot=rec.slot,
+            seed_id=rec.seed_id,
+            blueprint=rec.blueprint,
+            style=int(rec.style),
+            blend_op=rec.blend_op.value,
+            tempo=rec.tempo,
+            alpha_target=rec.alpha_target,
+            params=rec.params,
+            acc_at_germination=rec.acc_at_germination,
+        )
+    elif isinstance(rec, StageChangedRecord):
+        event = ev.SeedStageChanged(
+            **envelope,
+            slot=rec.slot,
+            seed_id=rec.seed_id,
+            blueprint=rec.blueprint,
+            from_stage=rec.from_stage.value,
+            to_stage=rec.to_stage.value,
+            epochs_in_prev_stage=rec.epochs_in_prev_stage,
+            alpha=rec.alpha,
+            initiator=rec.initiator.value,
+        )
+    elif isinstance(rec, GateRecord):
+        res = rec.result
+        event = ev.GateEvaluated(
+            **envelope,
+            slot=rec.slot,
+            seed_id=rec.seed_id,
+            gate=res.gate.value,
+            target_stage=res.target_stage.value,
+            passed=res.passed,
+            checks_passed=list(res.checks_passed),
+            checks_failed=list(res.checks_failed),
+            message=res.message,
+            strict=res.strict,
+        )
+    elif isinstance(rec, SeedFossilizedRecord):
+        event = ev.SeedFossilized(
+            **envelope,
+            slot=rec.slot,
+            seed_id=rec.seed_id,
+            blueprint=rec.blueprint,
+            contribution=rec.contribution,
+            params=rec.params,
+            age_epochs=rec.age_epochs,
+        )
+    elif isinstance(rec, SeedPrunedRecord):
+        event = ev.SeedPruned(
+            **envelope,
+            slot=rec.slot,
+            seed_id=rec.seed_id,
+            blueprint=rec.blueprint,
+            reason=rec.reason.value,
+            initiator=rec.initiator.value,
+            age_epochs=rec.age_epochs,
+            stage_at_prune=rec.stage_at_prune.value,
+            contribution=rec.contribution,
+            scheduled=rec.scheduled,
+        )
+    else:  # pragma: no cover - exhaustive over LifecycleRecord
+        raise TypeError(f"unknown lifecycle record {type(rec).__name__}")
+    hub.emit(event)
+
+
+def emit_reward(
+    hub: Hub,
+    br: RewardBreakdown,
+    *,
+    family: str,
+    op: str,
+    normalized: float,
+    rnd: int,
+    env: int,
+    step: int,
+) -> None:
+    hub.emit(
+        ev.RewardComputed(
+            round=rnd,
+            env=env,
+            step=step,
+            family=family,
+            op=op,
+            attribution=br.attribution,
+            stage_shaping=br.stage_shaping,
+            rent=br.rent,
+            alpha_shock=br.alpha_shock,
+            germinate_cost=br.germinate_cost,
+            fossilize_bonus=br.fossilize_bonus,
+            prune_penalty=br.prune_penalty,
+            invalid_penalty=br.invalid_penalty,
+            loss_delta=br.loss_delta,
+            terminal=br.terminal,
+            rollback_penalty=br.rollback_penalty,
+            total=br.total,
+            normalized=normalized,
+        )
+    )
+
+
+def emit_counterfactual(
+    hub: Hub, rec: CounterfactualRecord, *, rnd: int, env: int, step: int
+) -> None:
+    hub.emit(
+        ev.CounterfactualComputed(
+            round=rnd,
+            env=env,
+            step=step,
+            slots=list(rec.slots),
+            contributions=list(rec.contributions),
+            unavailable_reasons=[r.value for r in rec.unavailable],
+            shapley=list(rec.shapley),
+            interaction=rec.interaction,
+            real_acc=rec.real_acc,
+            all_off_acc=rec.all_off_acc,
+            n_configs=rec.n_configs,
+            exact_shapley=rec.exact_shapley,
+        )
+    )
+
+
+def emit_rollback(
+    hub: Hub, rec: RollbackRecord, *, penalized_step: int, rnd: int, env: int, step: int
+) -> None:
+    hub.emit(
+        ev.GovernorRollback(
+            round=rnd,
+            env=env,
+            step=step,
+            reason=rec.reason.value,
+            loss=rec.loss,
+            threshold=rec.threshold,
+            restored_to_step=rec.restored_to_step,
+            penalized_step=penalized_step,
+            seeds_pruned=list(rec.seeds_pruned),
+            transitions_affected=rec.transitions_affected,
+            penalty=rec.penalty,
+        )
+    )
+
+
+def emit_action(
+    hub: Hub,
+    *,
+    indices: Sequence[int],
+    op_name: str,
+    slot: str,
+    blueprint: str,
+    alpha_target: float,
+    executed: bool,
+    op_mask: list[bool],
+    value: float,
+    log_prob: float,
+    op_prob: float,
+    rnd: int,
+    env: int,
+    step: int,
+    relevant: frozenset[str],
+) -> None:
+    """``indices`` are the raw head indices in HEAD_NAMES order."""
+    head = dict(zip(HEAD_NAMES, indices, strict=True))
+    hub.emit(
+        ev.ActionTaken(
+            round=rnd,
+            env=env,
+            step=step,
+            op=op_name,
+            slot=slot,
+            blueprint=blueprint,
+            style=head["style"],
+            tempo=head["tempo"],
+            alpha_target=alpha_target,
+            alpha_speed=head["alpha_speed"],
+            alpha_curve=head["alpha_curve"],
+            executed=executed,
+            op_mask=op_mask,
+            n_valid_ops=sum(op_mask),
+            masked_heads=[h for h in HEAD_NAMES if h not in relevant],
+            value=value,
+            log_prob=log_prob,
+            op_prob=op_prob,
+        )
+    )
+
+
+def relevant_heads_for(op_index: int) -> frozenset[str]:
+    return RELEVANT_HEADS[LifecycleOp(op_index)]
+
+
+def emit_ppo(hub: Hub, m: PPOMetrics, *, rnd: int) -> None:
+    fields = {name: getattr(m, name) for name in PPOMetrics.__struct_fields__}
+    hub.emit(ev.PpoUpdate(round=rnd, **fields))

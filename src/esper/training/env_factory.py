@@ -1,0 +1,92 @@
+"""Build the N environments of a round: fresh hosts, optimizers, governors, streams.
+
+Every round starts from fresh, deterministically seeded hosts: the seed of env ``e`` in
+round ``r`` derives from the run seed alone, so a resumed run rebuilds exactly the same
+hosts as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from esper.config import Config
+from esper.core.constants import (
+    ENV_SEED_STRIDE,
+    HOST_LR,
+    HOST_MOMENTUM,
+    HOST_WEIGHT_DECAY,
+    ROUND_SEED_STRIDE,
+    SEED_LR,
+)
+from esper.core.enums import AmpMode
+from esper.data.tasks import TaskSpec
+from esper.model import build_model
+from esper.policy.signals import SignalTracker
+from esper.training.env_state import EnvState
+from esper.training.governor import Governor
+
+
+def env_seed(run_seed: int, rnd: int, env: int) -> int:
+    return run_seed + rnd * ROUND_SEED_STRIDE + env * ENV_SEED_STRIDE
+
+
+def resolve_env_devices(cfg: Config) -> list[torch.device]:
+    """``env_devices`` round-robin, defaulting to the run device for every env."""
+    names = cfg.run.env_devices or [cfg.run.device]
+    return [torch.device(names[i % len(names)]) for i in range(cfg.run.n_envs)]
+
+
+def make_host_optimizer(env: EnvState) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        env.model.host_parameters(),
+        lr=HOST_LR,
+        momentum=HOST_MOMENTUM,
+        weight_decay=HOST_WEIGHT_DECAY,
+    )
+
+
+def make_seed_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=SEED_LR, momentum=HOST_MOMENTUM)
+
+
+class EnvFactory:
+    """Creates the envs of each round from the config and the task."""
+
+    def __init__(self, cfg: Config, spec: TaskSpec) -> None:
+        self.cfg = cfg
+        self.spec = spec
+        self.devices = resolve_env_devices(cfg)
+
+    def create_round(self, rnd: int) -> list[EnvState]:
+        return [self.create_env(rnd, i) for i in range(self.cfg.run.n_envs)]
+
+    def create_env(self, rnd: int, index: int) -> EnvState:
+        device = self.devices[index]
+        model = build_model(
+            self.cfg.host,
+            self.spec,
+            seed=env_seed(self.cfg.run.seed, rnd, index),
+            strict_gates=self.cfg.host.strict_gates,
+        ).to(device)
+        if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
+            model = model.to(memory_format=torch.channels_last)
+        governor = Governor(self.cfg.governor, random_guess_loss=self.spec.random_guess_loss)
+        use_cuda = device.type == "cuda"
+        env = EnvState(
+            index=index,
+            device=device,
+            model=model,
+            host_optimizer=torch.optim.SGD([torch.zeros(1)]),  # replaced just below
+            governor=governor,
+            tracker=SignalTracker(),
+            stream=torch.cuda.Stream(device=device) if use_cuda else None,
+            scaler=(
+                torch.amp.GradScaler("cuda")
+                if use_cuda and self.cfg.run.amp == AmpMode.FP16
+                else None
+            ),
+        )
+        env.host_optimizer = make_host_optimizer(env)
+        model.set_reporter(env.pending.append)
+        governor.maybe_snapshot(0, model, force=True)
+        return env

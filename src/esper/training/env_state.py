@@ -1,0 +1,90 @@
+"""Per-environment state: one host network in training plus its bookkeeping.
+
+Device-side accumulators are preallocated and zeroed in place each epoch so the hot
+path allocates nothing and never synchronises; host-side counters are plain Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from esper.core.records import (
+    LifecycleRecord,
+    SeedFossilizedRecord,
+    SeedGerminatedRecord,
+    SeedPrunedRecord,
+)
+
+if TYPE_CHECKING:
+    from esper.model import MorphogeneticModel
+    from esper.policy.signals import SignalTracker
+    from esper.training.governor import Governor
+
+
+@dataclass
+class EpisodeStats:
+    """What ``episode_finished`` reports; reset with each fresh env."""
+
+    reward_sum: float = 0.0
+    seeds_germinated: int = 0
+    seeds_fossilized: int = 0
+    seeds_pruned: int = 0
+    rollbacks: int = 0
+    rollback_penalty: float = 0.0
+
+    def count(self, rec: LifecycleRecord) -> None:
+        if isinstance(rec, SeedGerminatedRecord):
+            self.seeds_germinated += 1
+        elif isinstance(rec, SeedFossilizedRecord):
+            self.seeds_fossilized += 1
+        elif isinstance(rec, SeedPrunedRecord):
+            self.seeds_pruned += 1
+
+
+@dataclass
+class EnvState:
+    index: int
+    device: torch.device
+    model: MorphogeneticModel
+    host_optimizer: torch.optim.Optimizer
+    governor: Governor
+    tracker: SignalTracker
+    seed_optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    stream: torch.cuda.Stream | None = None
+    scaler: torch.amp.GradScaler | None = None
+    #: Lifecycle records reported by the model since the last drain (the model's callback).
+    pending: list[LifecycleRecord] = field(default_factory=list)
+    stats: EpisodeStats = field(default_factory=EpisodeStats)
+    # Device accumulators for one train epoch: [loss_sum, correct, count].
+    train_accum: torch.Tensor | None = None
+    # Gradient norms of the last train batch (device tensor from ``model.grad_norms()``).
+    last_grad_norms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    # Host-side signals of the previous step, used by rewards and features.
+    prev_val_acc: float = math.nan
+    prev_val_loss: float = math.nan
+    val_acc: float = math.nan
+    val_loss: float = math.nan
+    #: Reward bookkeeping: previous step's alphas and stage potential (shaping telescopes).
+    prev_alphas: tuple[float, ...] = ()
+    potential: float = 0.0
+    last_op: int = 0
+    last_success: bool = True
+    seed_counter: int = 0
+
+    def __post_init__(self) -> None:
+        if self.train_accum is None:
+            self.train_accum = torch.zeros(3, device=self.device)
+
+    def drain_records(self) -> list[LifecycleRecord]:
+        # Cleared in place: the model's reporter holds a bound ``pending.append``.
+        records = list(self.pending)
+        self.pending.clear()
+        return records
+
+    def next_seed_id(self) -> str:
+        self.seed_counter += 1
+        return f"e{self.index}s{self.seed_counter}"

@@ -1,0 +1,173 @@
+"""The learning side of a run: policy, normalisers, rollout buffer and PPO update.
+
+The trainer loop talks to one small interface (begin a round, act, record a step, roll
+back an env's segment, end the round); this class composes the parts built in
+``policy/`` and ``training/`` and owns their checkpointable state. A heuristic policy
+uses the same class with learning switched off, so both commands emit the same events.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from esper.config import Config
+from esper.core.enums import AmpMode, PolicyKind
+from esper.core.records import PPOMetrics
+from esper.policy.actions import ActionSpace
+from esper.policy.features import obs_dim
+from esper.policy.protocol import Policy, PolicyInput, PolicyStep
+from esper.training.buffer import RolloutBuffer
+from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
+from esper.training.ppo import PPOUpdater
+
+if TYPE_CHECKING:
+    from esper.training.trainer import Decision
+
+#: Offset that separates the policy-sampling stream from every other seeded stream.
+POLICY_SEED_OFFSET = 7_919
+
+
+def resolve_amp(cfg: Config, device: torch.device) -> AmpMode:
+    """AMP only exists on CUDA; on CPU the resolved setting is OFF (and reported so)."""
+    return cfg.run.amp if device.type == "cuda" else AmpMode.OFF
+
+
+class Learner:
+    def __init__(self, cfg: Config, space: ActionSpace, policy: Policy) -> None:
+        self.cfg = cfg
+        self.space = space
+        self.policy = policy
+        self.device = torch.device(cfg.run.device)
+        self.resolved_amp = resolve_amp(cfg, self.device)
+        self.learning = cfg.policy.kind == PolicyKind.PPO
+        dim = obs_dim(space.n_slots)
+        self.obs_norm = RunningMeanStd((dim,), device=self.device)
+        self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma)
+        self.value_norm = ValueNormalizer()
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(cfg.run.seed + POLICY_SEED_OFFSET)
+        self._round_obs: list[torch.Tensor] = []
+        self.buffer: RolloutBuffer | None = None
+        self.updater: PPOUpdater | None = None
+        if self.learning:
+            assert isinstance(policy, torch.nn.Module)
+            self.buffer = RolloutBuffer(
+                n_envs=cfg.run.n_envs,
+                horizon=cfg.run.episode_length,
+                obs_dim=dim,
+                n_slots=space.n_slots,
+                head_sizes=space.head_sizes,
+                lstm_hidden=cfg.policy.lstm_hidden,
+                device=self.device,
+            )
+            self.updater = PPOUpdater(policy, cfg.ppo, value_normalizer=self.value_norm)
+
+    # ------------------------------------------------------------------ rollout
+    def begin_round(self, n_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.policy.initial_hidden(n_envs, self.device)
+        self.obs_norm.freeze()
+        self.reward_norm.reset_returns()
+        self._round_obs.clear()
+        if self.buffer is not None:
+            self.buffer.start(hidden)
+        return hidden
+
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        self._round_obs.append(obs)
+        return self.obs_norm.normalize(obs)
+
+    @torch.no_grad()
+    def act(self, inp: PolicyInput, hidden: tuple[torch.Tensor, torch.Tensor]) -> PolicyStep:
+        return self.policy.act(inp, hidden, generator=self.generator)
+
+    def record_step(
+        self, step: int, d: Decision, raw_rewards: list[float], *, terminal: bool
+    ) -> list[float]:
+        """Normalise the step's rewards and write the transition for all envs at once."""
+        raw = torch.tensor(raw_rewards, dtype=torch.float32)
+        dones = torch.full((len(raw_rewards),), terminal, dtype=torch.bool)
+        normalized = raw
+        if self.cfg.reward.normalize:
+            self.reward_norm.update(raw, dones)
+            normalized = self.reward_norm.normalize(raw)
+        if self.buffer is not None:
+            self.buffer.add(
+                step,
+                obs=self.obs_norm.normalize(d.obs),
+                blueprint_ids=d.blueprint_ids,
+                masks=d.masks,
+                actions=d.actions,
+                log_probs=d.log_probs,
+                values=self.value_norm.denormalize(d.values),
+                rewards_normalized=normalized.to(self.device),
+                rewards_raw=raw.to(self.device),
+                dones=dones.to(self.device),
+            )
+        return normalized.tolist()
+
+    def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
+        """Env's segment ends at the decision that led into the failed epoch, which
+        carries the penalty; returns the transitions whose effects were undone."""
+        if self.buffer is None:
+            return max(to_step - max(from_step, 0), 0)
+        return self.buffer.apply_rollback(
+            env,
+            from_step=from_step,
+            to_step=to_step,
+            penalty=penalty,
+            penalty_normalized=self.reward_norm.normalize_scalar(penalty),
+        )
+
+    def end_round(
+        self, last_values: torch.Tensor, *, rnd: int, inject_nan: bool = False
+    ) -> PPOMetrics | None:
+        """Bootstrap, GAE, PPO update; then the once-per-round observation-stat update."""
+        metrics = None
+        if self.buffer is not None and self.updater is not None:
+            self.buffer.compute_returns_and_advantages(
+                self.value_norm.denormalize(last_values),
+                gamma=self.cfg.ppo.gamma,
+                gae_lambda=self.cfg.ppo.gae_lambda,
+            )
+            hook = (lambda loss: loss * math.nan) if inject_nan else None
+            metrics = self.updater.update(
+                self.buffer, round_index=rnd, total_rounds=self.cfg.run.rounds, loss_hook=hook
+            )
+        if self._round_obs:
+            self.obs_norm.unfreeze()
+            self.obs_norm.update(torch.cat(self._round_obs))
+            self.obs_norm.freeze()
+            self._round_obs.clear()
+        return metrics
+
+    def entropy_coef(self, rnd: int) -> float:
+        if self.updater is None:
+            return 0.0
+        return self.updater.entropy_coef(rnd, self.cfg.run.rounds)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "obs_norm": self.obs_norm.state_dict(),
+            "reward_norm": self.reward_norm.state_dict(),
+            "value_norm": self.value_norm.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+        if isinstance(self.policy, torch.nn.Module):
+            state["policy"] = self.policy.state_dict()
+        if self.updater is not None:
+            state["ppo"] = self.updater.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.obs_norm.load_state_dict(state["obs_norm"])
+        self.reward_norm.load_state_dict(state["reward_norm"])
+        self.value_norm.load_state_dict(state["value_norm"])
+        self.generator.set_state(state["generator"])
+        if isinstance(self.policy, torch.nn.Module) and "policy" in state:
+            self.policy.load_state_dict(state["policy"])
+        if self.updater is not None and "ppo" in state:
+            self.updater.load_state_dict(state["ppo"])

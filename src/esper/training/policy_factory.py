@@ -1,0 +1,35 @@
+"""Build the policy a config asks for (PPO actor-critic or the heuristic baseline)."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.config import Config
+from esper.core.enums import PolicyKind
+from esper.policy.actions import ActionSpace
+from esper.policy.features import obs_dim
+from esper.policy.heuristic import HeuristicPolicy
+from esper.policy.network import FactoredActorCritic
+from esper.policy.protocol import Policy
+
+#: Offset separating the policy-initialisation stream from the host and sampling seeds.
+POLICY_INIT_SEED_OFFSET = 104_729
+
+
+def build_policy(cfg: Config, space: ActionSpace) -> Policy:
+    if cfg.policy.kind == PolicyKind.HEURISTIC:
+        return HeuristicPolicy(space, cfg.policy)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed + POLICY_INIT_SEED_OFFSET)
+        net = FactoredActorCritic(
+            obs_dim(space.n_slots),
+            space,
+            feature_dim=cfg.policy.feature_dim,
+            lstm_hidden=cfg.policy.lstm_hidden,
+            blueprint_embed_dim=cfg.policy.blueprint_embed_dim,
+        )
+    net = net.to(torch.device(cfg.run.device))
+    if cfg.policy.compile:
+        # Only the network's forward is compiled; sampling and masking stay eager.
+        net.compile()
+    return net

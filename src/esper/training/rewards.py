@@ -1,0 +1,297 @@
+"""Per-step rewards, always returned as a typed breakdown whose total is the exact sum.
+
+Three families (``RewardConfig.family``):
+
+* **contribution** (default): credit a seed for the accuracy it measurably adds
+  (counterfactual contribution, capped by the env's progress since the seed arrived),
+  potential-based stage shaping, a compute rent, an alpha-shock penalty, per-op costs
+  and bonuses, and a small terminal bonus on final accuracy.
+* **loss**: normalised validation-loss improvement instead of attribution; the same
+  rent, shaping and costs; a terminal term on the final loss.
+* **sparse**: the terminal term only (plus a rollback penalty, if one is passed in).
+
+Ablation switches: ``shaping`` (stage shaping and per-op shaping), ``terminal``, and
+``anti_gaming`` (alpha shock, progress cap and alpha discount on positive credit). The
+invalid-action penalty, rent and a governor rollback penalty are never switched off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import msgspec
+
+from esper.config import RewardConfig
+from esper.core.constants import ACC_PERCENT_SCALE, FORWARD_STAGES
+from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
+from esper.core.records import RewardBreakdown, SlotReport, make_breakdown
+
+NAN = math.nan
+
+# --- Attribution (contribution family) -------------------------------------------------
+#: Reward per percentage point of credited contribution.
+ATTRIBUTION_WEIGHT = 0.1
+#: Reward per percentage point of harm (negative contribution): harm weighs more than
+#: help so that keeping a harmful seed is never a wash.
+HARM_WEIGHT = 0.15
+#: Anti-gaming: positive credit scales with alpha up to this alpha (a barely blended
+#: seed's "contribution" is mostly noise).
+FULL_CREDIT_ALPHA = 0.5
+
+# --- Stage shaping -----------------------------------------------------------------------
+#: Potential of one slot per stage; an env's potential is the sum over its slots.
+STAGE_POTENTIAL: dict[SeedStage, float] = {
+    SeedStage.DORMANT: 0.0,
+    SeedStage.GERMINATED: 1.0,
+    SeedStage.TRAINING: 2.0,
+    SeedStage.BLENDING: 3.0,
+    SeedStage.HOLDING: 4.0,
+    SeedStage.FOSSILIZED: 5.0,
+    SeedStage.PRUNED: 0.0,
+    SeedStage.EMBARGOED: 0.0,
+    SeedStage.RESETTING: 0.0,
+}
+
+# --- Alpha shock (anti-gaming) ---------------------------------------------------------
+#: Alpha may move this much in one step for free ...
+ALPHA_SHOCK_FREE = 0.25
+#: ... beyond it each unit of alpha change costs this much.
+ALPHA_SHOCK_WEIGHT = 0.5
+
+# --- Per-op shaping and costs ----------------------------------------------------------
+GERMINATE_COST = -0.1
+#: Fossilize bonus per pp of contribution, capped at FOSSILIZE_BONUS_CAP_PP.
+FOSSILIZE_BONUS_PER_PP = 0.3
+FOSSILIZE_BONUS_CAP_PP = 10.0
+#: Fossilizing a seed that adds nothing (or whose contribution is unknown) costs this,
+#: plus FOSSILIZE_BONUS_PER_PP per pp of harm.
+FOSSILIZE_USELESS_PENALTY = -0.5
+PRUNE_COST = -0.05
+#: A seed younger than this many epochs is "young": pruning it costs up to
+#: PRUNE_YOUNG_PENALTY extra, linearly less as it ages.
+PRUNE_YOUNG_AGE = 10
+PRUNE_YOUNG_PENALTY = -0.3
+#: Pruning a helpful seed costs this per pp of its contribution.
+PRUNE_HELPFUL_PER_PP = -0.2
+INVALID_ACTION_PENALTY = -0.1
+
+# --- Loss family -----------------------------------------------------------------------
+#: Reward per unit of loss improvement, in units of the random-guess loss.
+LOSS_DELTA_WEIGHT = 10.0
+#: The normalised improvement is clipped to +-this (a blow-up is not -inf reward).
+LOSS_DELTA_CLIP = 1.0
+#: Terminal term of the loss family: 1 - loss/random_guess clipped to +-this.
+LOSS_TERMINAL_CLIP = 1.0
+
+
+class SeedCredit(msgspec.Struct, frozen=True, kw_only=True):
+    """One measured seed's contribution, for op-independent attribution."""
+
+    contribution_pp: float
+    progress_pp: float = NAN
+    alpha: float = 1.0
+
+
+class RewardInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one env-step's reward needs (accuracies in percent, NaN = unknown).
+
+    ``slot_before``/``slot_after`` describe the action's target slot around the action;
+    ``contribution_pp``/``progress_pp`` belong to that slot's seed. Attribution credits
+    ``credits`` (every measured seed of the env) when given, otherwise the target seed.
+    ``potential_prev`` must be the ``potential_now`` of this env's previous reward (0 at
+    episode start) so shaping telescopes exactly; see :func:`env_potential`.
+    """
+
+    op: LifecycleOp
+    executed: bool = True
+    slot_before: SlotReport | None = None
+    slot_after: SlotReport | None = None
+    contribution_pp: float = NAN
+    progress_pp: float = NAN
+    credits: tuple[SeedCredit, ...] = ()
+    val_acc: float = NAN
+    prev_val_acc: float = NAN
+    val_loss: float = NAN
+    prev_val_loss: float = NAN
+    random_guess_loss: float = NAN
+    host_params: int = 0
+    effective_params: int = 0
+    #: Largest absolute alpha change of any slot this step.
+    alpha_change: float = 0.0
+    potential_prev: float = 0.0
+    potential_now: float = 0.0
+    is_terminal: bool = False
+    final_acc: float = NAN
+    final_loss: float = NAN
+    rollback_penalty: float = 0.0
+
+
+def env_potential(reports: Iterable[SlotReport | None]) -> float:
+    """Stage potential of an env: the sum of its slots' stage potentials."""
+    return sum(STAGE_POTENTIAL[r.stage] for r in reports if r is not None)
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def credit(contribution_pp: float, progress_pp: float, alpha: float, *, anti_gaming: bool) -> float:
+    """Attribution for one seed. Harm counts in full; help is capped when anti-gaming.
+
+    The cap: a seed cannot claim more than the env gained since it germinated (a host
+    that came to depend on a seed shows a large ablation drop without any progress).
+    """
+    if not _finite(contribution_pp):
+        return 0.0
+    if contribution_pp < 0.0:
+        return HARM_WEIGHT * contribution_pp
+    credited = contribution_pp
+    if anti_gaming:
+        if _finite(progress_pp):
+            credited = min(credited, max(progress_pp, 0.0))
+        credited *= min(1.0, max(alpha, 0.0) / FULL_CREDIT_ALPHA)
+    return ATTRIBUTION_WEIGHT * credited
+
+
+def _target_seed_alive(inp: RewardInputs) -> SlotReport | None:
+    seed = inp.slot_after
+    if seed is None or not seed.active or seed.stage not in FORWARD_STAGES:
+        return None
+    return seed
+
+
+def attribution(inp: RewardInputs, *, anti_gaming: bool) -> float:
+    if inp.credits:
+        return sum(
+            credit(c.contribution_pp, c.progress_pp, c.alpha, anti_gaming=anti_gaming)
+            for c in inp.credits
+        )
+    seed = _target_seed_alive(inp)
+    if seed is None:
+        return 0.0
+    return credit(inp.contribution_pp, inp.progress_pp, seed.alpha, anti_gaming=anti_gaming)
+
+
+def stage_shaping(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> float:
+    """Potential-based shaping F = w (gamma phi(s') - phi(s)): policy-invariant."""
+    return cfg.stage_shaping_weight * (gamma * inp.potential_now - inp.potential_prev)
+
+
+def rent(inp: RewardInputs, cfg: RewardConfig) -> float:
+    """-min(w ln(1 + g), cap) with g the added effective parameters over host parameters."""
+    if inp.host_params <= 0:
+        return 0.0
+    growth = max(inp.effective_params - inp.host_params, 0) / inp.host_params
+    return -min(cfg.rent_weight * math.log1p(growth), cfg.rent_cap)
+
+
+def alpha_shock(inp: RewardInputs) -> float:
+    return -ALPHA_SHOCK_WEIGHT * max(0.0, abs(inp.alpha_change) - ALPHA_SHOCK_FREE)
+
+
+def fossilize_bonus(contribution_pp: float) -> float:
+    """Grows with the contribution (capped); a useless or harmful seed costs instead."""
+    if _finite(contribution_pp) and contribution_pp > 0.0:
+        return FOSSILIZE_BONUS_PER_PP * min(contribution_pp, FOSSILIZE_BONUS_CAP_PP)
+    harm = contribution_pp if _finite(contribution_pp) else 0.0
+    return FOSSILIZE_USELESS_PENALTY + FOSSILIZE_BONUS_PER_PP * harm
+
+
+def prune_penalty(age_epochs: int, contribution_pp: float) -> float:
+    """Base cost, more for a young seed, more for a helpful one."""
+    youth = max(PRUNE_YOUNG_AGE - max(age_epochs, 0), 0) / PRUNE_YOUNG_AGE
+    helpful = max(contribution_pp, 0.0) if _finite(contribution_pp) else 0.0
+    return PRUNE_COST + PRUNE_YOUNG_PENALTY * youth + PRUNE_HELPFUL_PER_PP * helpful
+
+
+def op_shaping(inp: RewardInputs) -> dict[str, float]:
+    """Costs and bonuses of the op just executed (nothing for a failed op)."""
+    if not inp.executed:
+        return {}
+    if inp.op == LifecycleOp.GERMINATE:
+        return {"germinate_cost": GERMINATE_COST}
+    if inp.op == LifecycleOp.FOSSILIZE:
+        return {"fossilize_bonus": fossilize_bonus(inp.contribution_pp)}
+    if inp.op == LifecycleOp.PRUNE:
+        age = inp.slot_before.age_epochs if inp.slot_before is not None else 0
+        return {"prune_penalty": prune_penalty(age, inp.contribution_pp)}
+    return {}
+
+
+def _invalid(inp: RewardInputs) -> float:
+    return 0.0 if inp.executed or inp.op == LifecycleOp.WAIT else INVALID_ACTION_PENALTY
+
+
+def _accuracy_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
+    if not (inp.is_terminal and cfg.terminal):
+        return 0.0
+    acc = inp.final_acc if _finite(inp.final_acc) else inp.val_acc
+    return cfg.terminal_weight * acc / ACC_PERCENT_SCALE if _finite(acc) else 0.0
+
+
+def _loss_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
+    if not (inp.is_terminal and cfg.terminal) or not inp.random_guess_loss > 0:
+        return 0.0
+    loss = inp.final_loss if _finite(inp.final_loss) else inp.val_loss
+    if math.isnan(loss):
+        return 0.0
+    score = 1.0 - loss / inp.random_guess_loss  # -inf for an infinite loss: clipped below
+    return cfg.terminal_weight * min(max(score, -LOSS_TERMINAL_CLIP), LOSS_TERMINAL_CLIP)
+
+
+def loss_delta(inp: RewardInputs) -> float:
+    """Loss improvement since the last step in units of the random-guess loss, clipped."""
+    if not (inp.random_guess_loss > 0) or math.isnan(inp.prev_val_loss - inp.val_loss):
+        return 0.0
+    gain = (inp.prev_val_loss - inp.val_loss) / inp.random_guess_loss
+    return LOSS_DELTA_WEIGHT * min(max(gain, -LOSS_DELTA_CLIP), LOSS_DELTA_CLIP)
+
+
+def _common(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> dict[str, float]:
+    """Rent, shaping, anti-gaming and costs shared by the dense families."""
+    parts: dict[str, float] = {
+        "rent": rent(inp, cfg),
+        "invalid_penalty": _invalid(inp),
+        "rollback_penalty": inp.rollback_penalty,
+    }
+    if cfg.shaping:
+        parts["stage_shaping"] = stage_shaping(inp, cfg, gamma=gamma)
+        parts.update(op_shaping(inp))
+    if cfg.anti_gaming:
+        parts["alpha_shock"] = alpha_shock(inp)
+    return parts
+
+
+def contribution_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
+    return make_breakdown(
+        attribution=attribution(inp, anti_gaming=cfg.anti_gaming),
+        terminal=_accuracy_terminal(inp, cfg),
+        **_common(inp, cfg, gamma=gamma),
+    )
+
+
+def loss_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
+    return make_breakdown(
+        loss_delta=loss_delta(inp),
+        terminal=_loss_terminal(inp, cfg),
+        **_common(inp, cfg, gamma=gamma),
+    )
+
+
+def sparse_reward(inp: RewardInputs, cfg: RewardConfig) -> RewardBreakdown:
+    return make_breakdown(
+        terminal=_accuracy_terminal(inp, cfg),
+        rollback_penalty=inp.rollback_penalty,
+    )
+
+
+def compute_reward(inputs: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
+    """Dispatch on ``cfg.family``; the breakdown's total is the sum of its components."""
+    if cfg.family == RewardFamily.CONTRIBUTION:
+        return contribution_reward(inputs, cfg, gamma=gamma)
+    if cfg.family == RewardFamily.LOSS:
+        return loss_reward(inputs, cfg, gamma=gamma)
+    if cfg.family == RewardFamily.SPARSE:
+        return sparse_reward(inputs, cfg)
+    raise ValueError(f"unknown reward family {cfg.family!r}")

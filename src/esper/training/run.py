@@ -1,0 +1,262 @@
+"""``esper.train(config, ...)``: build the collaborators, run the rounds, never lose data.
+
+Collaborators are injected (``telemetry=``, ``data=``, ``policy=``) and built from the
+config only when not given. Whatever happens (normal end, exception, Ctrl-C) the hub is
+flushed and closed with the right status and a checkpoint of the last completed round
+is written, so an interrupted run can be resumed.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+import esper
+from esper.config import Config, with_overrides
+from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
+from esper.core.protocols import Hub
+from esper.data.tasks import TaskData, load_task
+from esper.errors import UserError
+from esper.model import build_model
+from esper.policy.actions import ActionSpace
+from esper.policy.protocol import Policy
+from esper.telemetry import events as ev
+from esper.telemetry.hub import open_run
+from esper.telemetry.paths import validate_run_id
+from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
+from esper.training.faults import FaultPlan
+from esper.training.learner import Learner
+from esper.training.policy_factory import build_policy
+from esper.training.trainer import ProgressFn, RoundSummary, VectorizedTrainer
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    run_dir: Path | None
+    status: RunStatus
+    rounds_completed: int
+    env_steps: int
+    wall_s: float
+    eps: float
+    rollbacks: int
+    checkpoint: Path | None
+    rounds: list[RoundSummary] = field(default_factory=list)
+
+
+def resolve_device(cfg: Config) -> Config:
+    """Fail early and clearly on a device that is not there."""
+    for name in [cfg.run.device, *cfg.run.env_devices]:
+        dev = torch.device(name)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device {name!r} requested but CUDA is not available here")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return cfg
+
+
+def default_run_id(cfg: Config) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.task.name.value}-{cfg.policy.kind.value}-s{cfg.run.seed}-{stamp}"
+
+
+def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
+    probe = build_model(cfg.host, data.spec, seed=cfg.run.seed)
+    return ActionSpace(slot_ids=probe.slot_ids, topology=probe.topology)
+
+
+def train(
+    config: Config,
+    *,
+    telemetry: Hub | None = None,
+    data: TaskData | None = None,
+    policy: Policy | None = None,
+    progress: ProgressFn | None = None,
+    faults: FaultPlan | None = None,
+    save: str | Path | None = None,
+    resume: str | Path | None = None,
+    continue_run: bool = False,
+) -> TrainResult:
+    """Train (PPO or heuristic, per ``config.policy.kind``) and return a summary."""
+    cfg = resolve_device(config)
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    state = load_checkpoint(resume, cfg) if resume is not None else None
+    run_id, parent = _run_identity(cfg, state, continue_run)
+    cfg = with_overrides(cfg, {"run.run_id": run_id})
+    data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
+    space = action_space_for(cfg, data)
+    learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
+    start_round = 0
+    if state is not None:
+        learner.load_state_dict(state["learner"])
+        start_round = int(state["next_round"])
+    hub = (
+        telemetry if telemetry is not None else _open_hub(cfg, run_id, parent, state, continue_run)
+    )
+    run_dir = getattr(hub, "run_dir", None)
+    ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
+    trainer = VectorizedTrainer(
+        cfg, hub=hub, task=data, learner=learner, faults=faults, progress=progress
+    )
+    hub.emit(_run_started(cfg, learner, parent, start_round))
+    if state is not None and resume is not None:
+        hub.emit(
+            ev.CheckpointLoaded(
+                path=str(resume),
+                next_round=start_round,
+                parent_run_id=str(state["run_id"]),
+                seq_position=int(state["seq_position"]),
+            )
+        )
+    return _run_rounds(cfg, trainer, learner, hub, start_round, ckpt_path, run_dir)
+
+
+def _run_rounds(
+    cfg: Config,
+    trainer: VectorizedTrainer,
+    learner: Learner,
+    hub: Hub,
+    start_round: int,
+    ckpt_path: Path,
+    run_dir: Path | None,
+) -> TrainResult:
+    t0 = time.perf_counter()
+    next_round = start_round
+    status, error = RunStatus.FINISHED, ""
+    try:
+        for rnd in range(start_round, cfg.run.rounds):
+            trainer.run_round(rnd)
+            next_round = rnd + 1
+            every = cfg.run.checkpoint_every
+            if every and (next_round % every == 0 or next_round == cfg.run.rounds):
+                _checkpoint(cfg, learner, hub, ckpt_path, next_round)
+    except KeyboardInterrupt:
+        status, error = RunStatus.INTERRUPTED, "interrupted by user (Ctrl-C)"
+        raise
+    except BaseException as exc:
+        status, error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if status != RunStatus.FINISHED:
+            _checkpoint(cfg, learner, hub, ckpt_path, next_round)
+        wall = time.perf_counter() - t0
+        env_steps = trainer.state.env_steps
+        hub.emit(
+            ev.RunFinished(
+                status=status.value,
+                rounds_completed=next_round - start_round,
+                env_steps=env_steps,
+                wall_s=wall,
+                eps=env_steps / wall if wall > 0 else 0.0,
+                events_emitted=hub.next_seq + 1,
+                rollbacks=trainer.state.rollbacks,
+                error=error,
+            )
+        )
+        hub.close(status, error)
+    return TrainResult(
+        run_id=cfg.run.run_id,
+        run_dir=run_dir,
+        status=status,
+        rounds_completed=next_round - start_round,
+        env_steps=env_steps,
+        wall_s=wall,
+        eps=env_steps / wall if wall > 0 else 0.0,
+        rollbacks=trainer.state.rollbacks,
+        checkpoint=ckpt_path if ckpt_path.exists() else None,
+        rounds=trainer.state.round_summaries,
+    )
+
+
+def _run_identity(cfg: Config, state: dict[str, Any] | None, continue_run: bool) -> tuple[str, str]:
+    """(run id, parent run id). A resume continues the parent or starts a linked run."""
+    if state is None:
+        return validate_run_id(cfg.run.run_id or default_run_id(cfg)), ""
+    parent = str(state["run_id"])
+    if continue_run:
+        return parent, ""
+    child = cfg.run.run_id if cfg.run.run_id and cfg.run.run_id != parent else ""
+    return validate_run_id(child or f"{parent}-resume{int(state['next_round'])}"), parent
+
+
+def _open_hub(
+    cfg: Config, run_id: str, parent: str, state: dict[str, Any] | None, continue_run: bool
+) -> Hub:
+    start_seq = int(state["seq_position"]) if state is not None and continue_run else 0
+    return open_run(
+        cfg.telemetry.dir,
+        run_id,
+        level=cfg.telemetry.level_enum,
+        config_hash=cfg.fingerprint(),
+        flush_interval_s=cfg.telemetry.flush_interval_s,
+        queue_capacity=cfg.telemetry.queue_capacity,
+        drop_when_full=cfg.telemetry.drop_when_full,
+        start_seq=start_seq,
+        parent_run_id=parent,
+        resume=continue_run and state is not None,
+    )
+
+
+def _default_checkpoint(cfg: Config, run_id: str) -> Path:
+    return Path(cfg.telemetry.dir) / run_id / CHECKPOINT_NAME
+
+
+def _checkpoint(cfg: Config, learner: Learner, hub: Hub, path: Path, next_round: int) -> None:
+    seq = hub.next_seq
+    size = save_checkpoint(
+        path,
+        {
+            "run_id": cfg.run.run_id,
+            "next_round": next_round,
+            "seq_position": seq + 1,
+            "config": cfg.to_json(),
+            "compat": compat_fingerprint(cfg),
+            "learner": learner.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+    )
+    hub.emit(
+        ev.CheckpointSaved(path=str(path), bytes=size, next_round=next_round, seq_position=seq + 1)
+    )
+
+
+def _run_started(cfg: Config, learner: Learner, parent: str, start_round: int) -> ev.RunStarted:
+    resolved = with_overrides(cfg, {"run.amp": learner.resolved_amp.value})
+    env_devices = [str(d) for d in (cfg.run.env_devices or [cfg.run.device])]
+    compiled = bool(cfg.policy.compile and cfg.policy.kind == PolicyKind.PPO)
+    return ev.RunStarted(
+        config_json=resolved.to_json(),
+        config_hash=cfg.fingerprint(),
+        parent_run_id=parent,
+        resumed_from_round=start_round if parent or start_round else -1,
+        esper_version=esper.__version__,
+        torch_version=torch.__version__,
+        python_version=sys.version.split()[0],
+        platform=platform.platform(),
+        device=str(learner.device),
+        env_devices=env_devices,
+        amp=learner.resolved_amp.value,
+        compile_policy=compiled,
+        policy_kind=cfg.policy.kind.value,
+        task=cfg.task.name.value,
+        n_envs=cfg.run.n_envs,
+        episode_length=cfg.run.episode_length,
+        rounds=cfg.run.rounds,
+        seed=cfg.run.seed,
+        telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
+        deterministic=learner.device.type == "cpu",
+    )
+
+
+def config_summary(cfg: Config) -> dict[str, Any]:
+    return msgspec.to_builtins(cfg)

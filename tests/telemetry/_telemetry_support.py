@@ -1,0 +1,101 @@
+"""Helpers shared by the telemetry tests: event strategies, reading runs back."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+import polars as pl
+from hypothesis import strategies as st
+
+from esper.telemetry.compaction import live_parts
+from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
+from esper.telemetry.manifest import read_manifests
+
+INT_BOUND = 2**62
+STAMPED = frozenset({"run_id", "seq", "ts_ns", "rank"})
+
+_SCALAR_STRATEGIES: dict[type[mi.Type], st.SearchStrategy[Any]] = {
+    mi.StrType: st.text(max_size=20),
+    mi.IntType: st.integers(-INT_BOUND, INT_BOUND),
+    mi.FloatType: st.floats(allow_nan=True, allow_infinity=True),
+    mi.BoolType: st.booleans(),
+}
+
+
+def _field_strategy(info: mi.Type) -> st.SearchStrategy[Any]:
+    if isinstance(info, mi.ListType):
+        return st.lists(_SCALAR_STRATEGIES[type(info.item_type)], max_size=4)
+    return _SCALAR_STRATEGIES[type(info)]
+
+
+def event_strategy(cls: type[Event]) -> st.SearchStrategy[Event]:
+    """Random, unstamped events of ``cls`` (the hub stamps run_id/seq/ts_ns/rank)."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    fields = {f.name: _field_strategy(f.type) for f in info.fields if f.name not in STAMPED}
+    return st.fixed_dictionaries(fields).map(lambda kw: cls(**kw))
+
+
+def minimal_event(cls: type[Event], **envelope: int) -> Event:
+    """A valid event of ``cls`` with zero-ish payload (for counting tests)."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    defaults: dict[type[mi.Type], Any] = {
+        mi.StrType: "",
+        mi.IntType: 0,
+        mi.FloatType: 0.0,
+        mi.BoolType: False,
+    }
+    kwargs: dict[str, Any] = {}
+    for f in info.fields:
+        if f.name in ENVELOPE_FIELDS:
+            continue
+        kwargs[f.name] = [] if isinstance(f.type, mi.ListType) else defaults[type(f.type)]
+    kwargs.update(envelope)
+    return cls(**kwargs)
+
+
+def as_row(event: Event) -> dict[str, Any]:
+    row = msgspec.structs.asdict(event)
+    row.pop("type", None)
+    return row
+
+
+def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
+    """Rows of one event type (all ranks), read with polars, ordered by (rank, seq)."""
+    parts = [p for p in live_parts(run_dir, read_manifests(run_dir)) if p.parts[-3] == tag]
+    if not parts:
+        return []
+    return pl.read_parquet(parts).sort("rank", "seq").to_dicts()
+
+
+def read_all(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    return {tag: rows for tag in sorted(EVENT_TYPES) if (rows := read_type(run_dir, tag))}
+
+
+def all_seqs(run_dir: Path, rank: int = 0) -> list[int]:
+    """Every seq of ``rank`` across all type files, in file order (unsorted)."""
+    seqs: list[int] = []
+    for rows in read_all(run_dir).values():
+        seqs.extend(r["seq"] for r in rows if r["rank"] == rank)
+    return seqs
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equality that treats NaN as equal to NaN and keeps the sign of infinities."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def rows_equal(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Names of the fields whose values differ (empty: equal)."""
+    if expected.keys() != actual.keys():
+        return [f"keys: {sorted(expected.keys() ^ actual.keys())}"]
+    return [k for k in expected if not same_value(expected[k], actual[k])]

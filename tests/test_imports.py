@@ -1,0 +1,65 @@
+"""Import boundaries: the CLI's help, the event catalogue and the config need no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = """
+import json, sys
+{body}
+print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
+"""
+
+
+def _torch_modules(body: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(body=body)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import esper.telemetry.events",
+        "import esper.config",
+        "import esper.telemetry.hub, esper.telemetry.schemas, esper.telemetry.demo",
+        "from esper.cli import main\ncode = main(['--help'])\nassert code == 0, code",
+        "from esper.cli import main\nassert main(['train', '--help']) == 0",
+    ],
+)
+def test_imports_without_torch(body: str) -> None:
+    assert _torch_modules(body) == []
+
+
+def test_console_script_and_module_are_the_same_program() -> None:
+    script = Path(sys.executable).with_name("esper")
+    assert script.exists(), "install with `pip install -e .` to get the console script"
+    outputs = []
+    for cmd in ([str(script), "--help"], [sys.executable, "-m", "esper", "--help"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]
+    assert "telemetry-demo" in outputs[0] and "schemas" in outputs[0]
+
+
+def test_help_does_not_import_torch_measured_with_importtime() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "esper", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0
+    imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()]
+    assert "torch" not in imported

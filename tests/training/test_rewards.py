@@ -1,0 +1,228 @@
+"""Reward families: breakdown totals are exact sums; the spec's worked cases hold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from esper.config import RewardConfig
+from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
+from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport
+from esper.training import rewards as R
+from esper.training.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
+
+GAMMA = 0.995
+
+
+def _seed(stage: SeedStage = SeedStage.BLENDING, alpha: float = 1.0, age: int = 12) -> SlotReport:
+    return SlotReport(slot_id="s0", stage=stage, seed_id="x", alpha=alpha, age_epochs=age)
+
+
+def _inputs(**kw: object) -> RewardInputs:
+    base: dict[str, object] = {
+        "op": LifecycleOp.WAIT,
+        "val_acc": 80.0,
+        "prev_val_acc": 79.0,
+        "val_loss": 0.6,
+        "prev_val_loss": 0.65,
+        "random_guess_loss": math.log(10),
+        "host_params": 10_000,
+        "effective_params": 10_000,
+    }
+    base.update(kw)
+    return RewardInputs(**base)  # type: ignore[arg-type]
+
+
+def _components_sum(br: RewardBreakdown) -> float:
+    total = 0.0
+    for name in REWARD_COMPONENTS:
+        total += getattr(br, name)
+    return total
+
+
+_finite = st.floats(-50, 50, allow_nan=False)
+_maybe = st.one_of(st.just(math.nan), _finite)
+_stage = st.sampled_from(list(SeedStage))
+
+
+@st.composite
+def reward_inputs(draw: st.DrawFn) -> RewardInputs:
+    after = draw(
+        st.one_of(st.none(), st.builds(_seed, _stage, st.floats(0, 1), st.integers(0, 40)))
+    )
+    return RewardInputs(
+        op=draw(st.sampled_from(list(LifecycleOp))),
+        executed=draw(st.booleans()),
+        slot_before=draw(st.one_of(st.none(), st.builds(_seed, _stage, st.floats(0, 1)))),
+        slot_after=after,
+        contribution_pp=draw(_maybe),
+        progress_pp=draw(_maybe),
+        credits=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        SeedCredit,
+                        contribution_pp=_maybe,
+                        progress_pp=_maybe,
+                        alpha=st.floats(0, 1),
+                    ),
+                    max_size=3,
+                )
+            )
+        ),
+        val_acc=draw(st.floats(0, 100)),
+        prev_val_acc=draw(st.one_of(st.just(math.nan), st.floats(0, 100))),
+        val_loss=draw(st.one_of(st.floats(0, 20), st.just(math.inf))),
+        prev_val_loss=draw(st.one_of(st.just(math.nan), st.floats(0, 20))),
+        random_guess_loss=draw(st.floats(0.1, 10)),
+        host_params=draw(st.integers(0, 10**6)),
+        effective_params=draw(st.integers(0, 3 * 10**6)),
+        alpha_change=draw(st.floats(-1, 1)),
+        potential_prev=draw(st.floats(0, 15)),
+        potential_now=draw(st.floats(0, 15)),
+        is_terminal=draw(st.booleans()),
+        final_acc=draw(st.one_of(st.just(math.nan), st.floats(0, 100))),
+        rollback_penalty=draw(st.sampled_from([0.0, -10.0])),
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    inp=reward_inputs(),
+    family=st.sampled_from(list(RewardFamily)),
+    shaping=st.booleans(),
+    terminal=st.booleans(),
+    anti_gaming=st.booleans(),
+)
+def test_total_is_the_sum_of_components_for_every_family(
+    inp: RewardInputs, family: RewardFamily, shaping: bool, terminal: bool, anti_gaming: bool
+) -> None:
+    cfg = RewardConfig(family=family, shaping=shaping, terminal=terminal, anti_gaming=anti_gaming)
+    br = compute_reward(inp, cfg, gamma=GAMMA)
+    assert br.total == _components_sum(br)
+    assert all(math.isfinite(getattr(br, n)) for n in REWARD_COMPONENTS)
+    if family == RewardFamily.SPARSE:
+        assert br.total == br.terminal + br.rollback_penalty
+    if not terminal:
+        assert br.terminal == 0.0
+    if not shaping:
+        assert br.stage_shaping == br.germinate_cost == br.fossilize_bonus == 0.0
+        assert br.prune_penalty == 0.0
+    if not anti_gaming:
+        assert br.alpha_shock == 0.0
+
+
+CFG = RewardConfig()
+
+
+def test_positive_contribution_gives_positive_attribution() -> None:
+    br = compute_reward(
+        _inputs(slot_after=_seed(), contribution_pp=2.0, progress_pp=3.0), CFG, gamma=GAMMA
+    )
+    assert br.attribution == pytest.approx(R.ATTRIBUTION_WEIGHT * 2.0)
+    assert br.attribution > 0
+
+
+def test_harmful_seed_gives_negative_attribution_in_full() -> None:
+    br = compute_reward(
+        _inputs(slot_after=_seed(alpha=0.1), contribution_pp=-2.0, progress_pp=5.0),
+        CFG,
+        gamma=GAMMA,
+    )
+    assert br.attribution == pytest.approx(-R.HARM_WEIGHT * 2.0)  # no alpha discount on harm
+
+
+def test_anti_gaming_caps_credit_by_progress_and_alpha() -> None:
+    no_progress = _inputs(slot_after=_seed(), contribution_pp=4.0, progress_pp=-1.0)
+    assert compute_reward(no_progress, CFG, gamma=GAMMA).attribution == 0.0
+    tiny_alpha = _inputs(slot_after=_seed(alpha=0.05), contribution_pp=4.0, progress_pp=4.0)
+    small = compute_reward(tiny_alpha, CFG, gamma=GAMMA).attribution
+    assert small == pytest.approx(R.ATTRIBUTION_WEIGHT * 4.0 * 0.05 / R.FULL_CREDIT_ALPHA)
+    off = RewardConfig(anti_gaming=False)
+    assert compute_reward(no_progress, off, gamma=GAMMA).attribution == pytest.approx(0.4)
+
+
+def test_credits_make_attribution_independent_of_the_op() -> None:
+    credits = (SeedCredit(contribution_pp=2.0, progress_pp=2.0), SeedCredit(contribution_pp=-1.0))
+    wait = compute_reward(_inputs(credits=credits), CFG, gamma=GAMMA)
+    adv = compute_reward(_inputs(op=LifecycleOp.ADVANCE, credits=credits), CFG, gamma=GAMMA)
+    assert wait.attribution == adv.attribution == pytest.approx(0.2 - R.HARM_WEIGHT)
+
+
+def test_prune_of_a_young_seed_costs_more_than_an_old_one() -> None:
+    def prune(age: int, c: float) -> float:
+        before = _seed(age=age)
+        after = SlotReport(slot_id="s0", stage=SeedStage.PRUNED)
+        inp = _inputs(op=LifecycleOp.PRUNE, slot_before=before, slot_after=after, contribution_pp=c)
+        br = compute_reward(inp, CFG, gamma=GAMMA)
+        assert br.attribution == 0.0  # the pruned seed earns nothing any more
+        return br.prune_penalty
+
+    young, old = prune(5, 0.0), prune(30, 0.0)
+    assert young < old < 0
+    assert young == pytest.approx(R.PRUNE_COST + R.PRUNE_YOUNG_PENALTY * 0.5)
+    assert prune(30, 3.0) < old  # pruning a helpful seed costs more
+    assert prune(30, -3.0) == old  # a harmful seed costs only the base
+
+
+def test_fossilize_bonus_grows_with_contribution() -> None:
+    def fossilize(c: float) -> float:
+        inp = _inputs(
+            op=LifecycleOp.FOSSILIZE,
+            slot_before=_seed(SeedStage.HOLDING),
+            slot_after=_seed(SeedStage.FOSSILIZED),
+            contribution_pp=c,
+        )
+        return compute_reward(inp, CFG, gamma=GAMMA).fossilize_bonus
+
+    assert 0 < fossilize(1.0) < fossilize(3.0) < fossilize(6.0)
+    assert fossilize(3.0) == pytest.approx(3 * R.FOSSILIZE_BONUS_PER_PP)
+    assert fossilize(0.0) == R.FOSSILIZE_USELESS_PENALTY
+    assert fossilize(-2.0) < fossilize(0.0) < 0
+    assert fossilize(math.nan) == R.FOSSILIZE_USELESS_PENALTY
+
+
+def test_rent_stage_shaping_terminal_and_invalid() -> None:
+    grown = _inputs(effective_params=15_000)  # g = 0.5
+    assert compute_reward(grown, CFG, gamma=GAMMA).rent == pytest.approx(-0.5 * math.log(1.5))
+    huge = _inputs(effective_params=10**9)
+    assert compute_reward(huge, CFG, gamma=GAMMA).rent == -1.5  # capped
+    phi0 = env_potential([None, SlotReport(slot_id="a", stage=SeedStage.DORMANT)])
+    phi1 = env_potential([_seed(SeedStage.TRAINING), _seed(SeedStage.GERMINATED)])
+    assert phi0 == 0.0 and phi1 == 3.0
+    shaped = compute_reward(_inputs(potential_prev=phi0, potential_now=phi1), CFG, gamma=GAMMA)
+    assert shaped.stage_shaping == pytest.approx(0.3 * (GAMMA * 3.0 - 0.0))
+    end = compute_reward(_inputs(is_terminal=True, final_acc=90.0), CFG, gamma=GAMMA)
+    assert end.terminal == pytest.approx(0.05 * 0.9)
+    bad = compute_reward(_inputs(op=LifecycleOp.ADVANCE, executed=False), CFG, gamma=GAMMA)
+    assert bad.invalid_penalty == R.INVALID_ACTION_PENALTY
+    assert compute_reward(_inputs(executed=False), CFG, gamma=GAMMA).invalid_penalty == 0.0
+
+
+def test_alpha_shock_penalises_only_large_jumps() -> None:
+    assert compute_reward(_inputs(alpha_change=0.2), CFG, gamma=GAMMA).alpha_shock == 0.0
+    jump = compute_reward(_inputs(alpha_change=-1.0), CFG, gamma=GAMMA).alpha_shock
+    assert jump == pytest.approx(-R.ALPHA_SHOCK_WEIGHT * (1.0 - R.ALPHA_SHOCK_FREE))
+
+
+def test_loss_family_rewards_loss_improvement() -> None:
+    cfg = RewardConfig(family=RewardFamily.LOSS)
+    better = compute_reward(_inputs(prev_val_loss=1.0, val_loss=0.8), cfg, gamma=GAMMA)
+    worse = compute_reward(_inputs(prev_val_loss=0.8, val_loss=1.0), cfg, gamma=GAMMA)
+    assert better.loss_delta == pytest.approx(R.LOSS_DELTA_WEIGHT * 0.2 / math.log(10))
+    assert worse.loss_delta == pytest.approx(-better.loss_delta)
+    assert better.attribution == 0.0
+    blowup = compute_reward(_inputs(val_loss=math.inf, is_terminal=True), cfg, gamma=GAMMA)
+    assert blowup.loss_delta == -R.LOSS_DELTA_WEIGHT * R.LOSS_DELTA_CLIP
+    assert blowup.terminal == -0.05 * R.LOSS_TERMINAL_CLIP
+
+
+def test_sparse_family_pays_only_at_the_end() -> None:
+    cfg = RewardConfig(family=RewardFamily.SPARSE)
+    mid = _inputs(op=LifecycleOp.GERMINATE, slot_after=_seed(), contribution_pp=5.0)
+    assert compute_reward(mid, cfg, gamma=GAMMA).total == 0.0
+    end = compute_reward(_inputs(is_terminal=True, val_acc=70.0), cfg, gamma=GAMMA)
+    assert end.total == end.terminal == pytest.approx(0.05 * 0.7)
