@@ -25,7 +25,15 @@ HOT_MODULES = [
     "policy/masks.py",
 ]
 SYNC_METHODS = {"item", "cpu", "tolist", "numpy"}
-LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+LOOPS = (
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
 
 
 def sync_calls_in_loops(source: str) -> list[tuple[int, str]]:

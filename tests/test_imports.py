@@ -35,6 +35,7 @@ def _torch_modules(body: str) -> list[str]:
         "import esper.telemetry.hub, esper.telemetry.schemas, esper.telemetry.demo",
         "from esper.cli import main\ncode = main(['--help'])\nassert code == 0, code",
         "from esper.cli import main\nassert main(['train', '--help']) == 0",
+        "from esper.cli import main\nassert main(['analyze', '--help']) == 0",
     ],
 )
 def test_imports_without_torch(body: str) -> None:

@@ -47,8 +47,8 @@ ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
     "ppo": (ppo_health, "PPO losses, entropy per head, KL, explained variance"),
     "throughput": (throughput, "EPS and phase timings per round"),
 }
-#: Tables too long to be useful in a terminal (still in --json).
-_TEXT_SKIP: Final = frozenset({"segments"})
+#: Terminal width used when output is not a terminal (pipes, logs).
+PIPE_WIDTH: Final = 160
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -96,9 +96,9 @@ def _emit(out: TextIO, run: Run, result: AnalysisResult, args: argparse.Namespac
         payload = {"run": _run_info(run), **result.to_json()}
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return
-    console = Console(file=out, width=max(100, Console(file=out).width))
+    console = Console(file=out, width=None if out.isatty() else PIPE_WIDTH)
     console.print(f"[bold]run[/bold] {run.run_id} ({run.status.value}) — {run.path}")
-    print_result(result, console, max_rows=args.max_rows, skip=_TEXT_SKIP)
+    print_result(result, console, max_rows=args.max_rows)
 
 
 def _baseline(args: argparse.Namespace, run: Run, out: TextIO) -> int:

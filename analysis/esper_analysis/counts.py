@@ -24,6 +24,8 @@ class Counts(AnalysisResult):
         "by_env": "Events by type and env",
         "by_step": "Events by type and step within the episode",
     }
+    #: By-round/env/step are long: people get the per-type table (JSON has them all).
+    TEXT_SKIP: ClassVar[frozenset[str]] = frozenset({"by_round", "by_step"})
 
     by_type: pl.DataFrame
     by_round: pl.DataFrame
@@ -40,14 +42,14 @@ class Counts(AnalysisResult):
 
 def _grouped(run: Run, keys: tuple[str, ...]) -> pl.DataFrame:
     """Rows per ``(type, *keys)`` over every event type, collected in parallel."""
-    schema = {"type": pl.String, **dict.fromkeys(keys, pl.Int64), "events": pl.Int64}
+    schema = pl.Schema({"type": pl.String, **dict.fromkeys(keys, pl.Int64), "events": pl.Int64})
     plans = [
         run.scan(t).group_by(keys).agg(events=pl.len()).with_columns(type=pl.lit(t))
         for t in run.event_types
     ]
     if not plans:
         return pl.DataFrame(schema=schema)
-    return pl.concat([f.select(list(schema)).cast(schema) for f in pl.collect_all(plans)])
+    return pl.concat([f.select(schema.names()).cast(schema) for f in pl.collect_all(plans)])
 
 
 def _manifest_counts(run: Run) -> dict[str, int]:

@@ -38,6 +38,21 @@ class Lifecycles(AnalysisResult):
         "by_blueprint": "Per blueprint",
         "segments": "Stage segments (timeline)",
     }
+    TEXT_COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "seeds": (
+            "round",
+            "env",
+            "slot",
+            "seed_id",
+            "blueprint",
+            "outcome",
+            "germinated_step",
+            "ended_step",
+            *(f"epochs_{s.lower()}" for s in LIVE_STAGES),
+            "contribution",
+        )
+    }
+    TEXT_SKIP: ClassVar[frozenset[str]] = frozenset({"segments"})
 
     seeds: pl.DataFrame
     by_blueprint: pl.DataFrame
@@ -177,7 +192,9 @@ def _by_blueprint(seeds: pl.LazyFrame) -> pl.LazyFrame:
             fossilized=fossilized,
             pruned=pruned,
             alive=(pl.col("outcome") == "alive").sum(),
-            fossilize_rate=fossilized / (fossilized + pruned),
+            fossilize_rate=pl.when(fossilized + pruned > 0).then(
+                fossilized / (fossilized + pruned)
+            ),
             mean_contribution=pl.col("contribution").filter(ended & finite).mean(),
             mean_contribution_fossilized=pl.col("contribution")
             .filter((pl.col("outcome") == "fossilized") & finite)

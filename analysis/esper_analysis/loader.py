@@ -25,7 +25,7 @@ import re
 import socket
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -46,8 +46,8 @@ _RANK_MANIFEST = re.compile(r"^manifest-rank(\d+)\.json$")
 EVENTS_DIR: Final = "events"
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 _PART_NUMBER = re.compile(r"(\d+)")
-#: Parquet key-value metadata keys that may carry the schema version (first match wins).
-SCHEMA_VERSION_KEYS: Final = (b"esper.schema_version", b"schema_version", b"esper_schema_version")
+#: Parquet key-value metadata key of the schema version (written by the telemetry writer).
+SCHEMA_VERSION_KEY: Final = b"esper.schema_version"
 #: A ``running`` manifest is stale (its producer is dead) when its heartbeat is older than
 #: this many flush intervals, and at least :data:`MIN_STALE_S`; same rule as the writer's.
 STALE_INTERVALS: Final = 10
@@ -120,11 +120,12 @@ class Run:
         return str(self.manifest.get("config_hash") or "")
 
     @property
-    def schema_version(self) -> int:
+    def schema_version(self) -> int | None:
+        """The newest schema version among the manifests and files (None if unrecorded)."""
         versions = [f.schema_version for fs in self.files.values() for f in fs]
+        versions += [_as_int(m.get("schema_version")) for m in self.manifests.values()]
         known = [v for v in versions if v is not None]
-        manifest_v = _as_int(self.manifest.get("schema_version"))
-        return max([*known, manifest_v or 0]) or SCHEMA_VERSION
+        return max(known) if known else None
 
     @property
     def event_types(self) -> tuple[str, ...]:
@@ -348,11 +349,8 @@ def _read_manifests(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def _file_version(meta: pq.FileMetaData) -> int | None:
-    kv = meta.metadata or {}
-    for key in SCHEMA_VERSION_KEYS:
-        if key in kv:
-            return _as_int(kv[key].decode("utf-8", "replace"))
-    return None
+    raw = (meta.metadata or {}).get(SCHEMA_VERSION_KEY)
+    return None if raw is None else _as_int(raw.decode("utf-8", "replace"))
 
 
 def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
@@ -503,3 +501,10 @@ def load_runs(path: str | os.PathLike[str]) -> list[Run]:
     if not runs:
         raise RunNotFoundError(f"no run directories under {root}")
     return runs
+
+
+def scan_runs(runs: Sequence[Run], event_type: str) -> pl.LazyFrame:
+    """One event type across many runs (rows keep their ``run_id``), for fleet queries."""
+    if not runs:
+        return empty_frame(event_type)
+    return pl.concat([run.scan(event_type) for run in runs], how="vertical")

@@ -110,9 +110,10 @@ def _reward_components(rewards: RewardBreakdown) -> str:
 def _episode_length(run: Run, segments: pl.DataFrame) -> int:
     if run.rows_on_disk("run_started"):
         value = run.scan("run_started").select("episode_length").collect().item(0, 0)
-        if value and value > 0:
-            return int(value)
-    return int(segments["end_step"].max() or 0) + 1
+        if isinstance(value, int) and value > 0:
+            return value
+    last = segments["end_step"].max()
+    return (last if isinstance(last, int) else 0) + 1
 
 
 def _timeline(run: Run, lc: Lifecycles) -> str:

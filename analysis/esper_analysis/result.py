@@ -20,6 +20,10 @@ class AnalysisResult:
 
     #: Human titles of the table fields, in display order.
     TITLES: ClassVar[dict[str, str]] = {}
+    #: Columns shown in terminal tables, per table (all when absent; JSON has all).
+    TEXT_COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: Tables left out of terminal output (too long to read there; JSON has them).
+    TEXT_SKIP: ClassVar[frozenset[str]] = frozenset()
 
     def tables(self) -> list[tuple[str, str, pl.DataFrame]]:
         """``(key, title, frame)`` for every table field, in declaration order."""

@@ -34,6 +34,14 @@ class RewardBreakdown(AnalysisResult):
         "by_round": "Mean reward components per round",
         "flagged": "Rows whose components do not sum to the total",
     }
+    #: Terminal tables keep totals; per-component detail is in by_component (and JSON).
+    TEXT_COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "by_env": ("env", "rows", "total"),
+        "by_episode": ("rank", "round", "env", "rows", "total", "episode_reward_reported"),
+        "by_op": ("op", "rows", "total", "mean_total"),
+        "flagged": ("round", "env", "step", "op", "total", "component_sum", "diff"),
+    }
+    TEXT_SKIP: ClassVar[frozenset[str]] = frozenset({"by_round"})
 
     by_component: pl.DataFrame
     by_env: pl.DataFrame
@@ -48,8 +56,9 @@ class RewardBreakdown(AnalysisResult):
 
 
 def _sums(*, mean: bool = False) -> list[pl.Expr]:
-    agg = (lambda c: pl.col(c).mean()) if mean else (lambda c: pl.col(c).sum())
-    return [pl.len().alias("rows"), *(agg(c) for c in _COMPONENTS), agg("total")]
+    """Row count plus the sum (or mean) of every component and of the total."""
+    cols = [pl.col(c) for c in [*_COMPONENTS, "total"]]
+    return [pl.len().alias("rows"), *(c.mean() if mean else c.sum() for c in cols)]
 
 
 def _with_check(lf: pl.LazyFrame) -> pl.LazyFrame:

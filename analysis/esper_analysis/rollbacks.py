@@ -32,6 +32,25 @@ class RollbackAudit(AnalysisResult):
         "rollbacks": "Governor rollbacks",
         "problems": "Rollbacks that did not reach the buffer or the episode outcome",
     }
+    TEXT_COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = dict.fromkeys(
+        ("rollbacks", "problems"),
+        (
+            "rank",
+            "round",
+            "env",
+            "step",
+            "reason",
+            "loss",
+            "threshold",
+            "restored_to_step",
+            "penalized_step",
+            "n_seeds_pruned",
+            "transitions_affected",
+            "penalty",
+            "reached_buffer",
+            "reached_episode",
+        ),
+    )
 
     rollbacks: pl.DataFrame
     problems: pl.DataFrame

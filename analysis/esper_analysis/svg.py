@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,8 +35,8 @@ PALETTE: Final = (
     "#F0E442",
     "#999999",
     "#7F3C8D",
-    "#11A579",
-    "#3969AC",
+    "#882255",
+    "#332288",
 )
 
 
@@ -242,8 +242,8 @@ def line_chart(
             f'stroke="{c}" fill="none"/>'
         )
         if len(cmds) == 1:
-            x, y = cmds[0][1:].split(",")
-            body.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{c}"/>')
+            cx, cy = cmds[0][1:].split(",")
+            body.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{c}"/>')
     if len(drawn) > 1:
         body += _legend([s.name for s, _, _ in drawn], colors, frame)
     return _svg(name, len(values), width, height, body)
@@ -288,7 +288,7 @@ def stacked_bars(
     name: str,
     title: str,
     xs: Sequence[float],
-    stacks: dict[str, Sequence[float]],
+    stacks: Mapping[str, Sequence[float]],
     *,
     x_label: str,
     y_label: str,

@@ -58,6 +58,8 @@ _ROLLBACK_P: Final = 0.02
 _ROLLBACK_PENALTY: Final = -0.5
 _SEED_PARAMS: Final = 2_000
 _HOST_PARAMS: Final = 120_000
+#: Milliseconds of each round phase per second of round wall time (they sum to 970).
+_PHASE_MS_PER_WALL_S: Final = {"train": 600, "val": 200, "policy": 50, "action": 20, "ppo": 100}
 #: Lifecycle events per episode on average (sizes the number of rounds).
 _LIFECYCLE_PER_EPISODE: Final = 15
 
@@ -428,16 +430,7 @@ def _write_rounds(
             "mean_episode_reward": reward.mean(axis=1),
             "mean_final_accuracy": episodes["final_val_acc"].reshape(n, n_e).mean(axis=1),
             "rollbacks": episodes["rollbacks"].reshape(n, n_e).sum(axis=1),
-            **{
-                f"{p}_ms": wall * w
-                for p, w in (
-                    ("train", 600),
-                    ("val", 200),
-                    ("policy", 50),
-                    ("action", 20),
-                    ("ppo", 100),
-                )
-            },
+            **{f"{phase}_ms": wall * share for phase, share in _PHASE_MS_PER_WALL_S.items()},
         },
     )
     envelope = plan.envelope(rounds, minus, minus, plan.round_end + n_e + 1)

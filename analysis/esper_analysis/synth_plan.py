@@ -105,7 +105,7 @@ class Plan:
     last_seq: int
 
     def cell(self, r: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-        return (r * self.length + s) * self.n_envs + e
+        return np.asarray((r * self.length + s) * self.n_envs + e)
 
     def grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """round, step, env of every cell in cell order."""
@@ -134,10 +134,10 @@ def plan_stream(
     rounds, n_envs, length = shape
     n_cells = rounds * length * n_envs
     lc_cells, lc_keys = [], []
-    for order, t in enumerate(sorted(rows)):
+    for type_order, t in enumerate(sorted(rows)):
         i = rows[t]["i"]
         lc_cells.append((c["round"][i] * length + rows[t]["step"]) * n_envs + c["env"][i])
-        lc_keys.append(order * (1 << 40) + i)
+        lc_keys.append(type_order * (1 << 40) + i)
     cells = np.concatenate(lc_cells)
     order = np.lexsort((np.concatenate(lc_keys), cells))
     has_rb = np.zeros(n_cells, np.int64)

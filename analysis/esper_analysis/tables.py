@@ -52,19 +52,19 @@ def print_result(
     console: Console,
     *,
     max_rows: int = DEFAULT_MAX_ROWS,
-    skip: frozenset[str] = frozenset(),
 ) -> None:
-    """Summary lines, then every table (except ``skip``) as a rich table."""
+    """Summary lines, then every table as a rich table (its terminal columns only)."""
     for key, value in result.summary().items():
         console.print(f"[bold]{key}[/bold]: {format_value(value)}")
     for key, title, frame in result.tables():
-        if key in skip:
+        if key in result.TEXT_SKIP:
             continue
         console.print()
         if frame.height == 0:
             console.print(f"[bold]{title}[/bold]: none")
             continue
-        console.print(rich_table(title, frame, max_rows))
+        columns = [c for c in result.TEXT_COLUMNS.get(key, frame.columns) if c in frame.columns]
+        console.print(rich_table(title, frame.select(columns), max_rows))
 
 
 def html_table(frame: pl.DataFrame, *, max_rows: int = DEFAULT_MAX_ROWS, css: str = "") -> str:

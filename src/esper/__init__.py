@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from esper.training.trainer import TrainResult
+    from esper.training.run import TrainResult
 
 
 def train(config: Any, **collaborators: Any) -> TrainResult:
-    """Run a training job; see :func:`esper.training.trainer.train` (imports torch)."""
-    from esper.training.trainer import train as _train
+    """Run a training job; see :func:`esper.training.run.train` (imports torch)."""
+    from esper.training.run import train as _train
 
     return _train(config, **collaborators)
 

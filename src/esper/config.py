@@ -32,7 +32,7 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     pass
 
 
-class TaskConfig(_Section):
+class TaskConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: TaskName = TaskName.DIGITS
     #: Local directory (cifar10) or file (text); never downloaded.
     data_path: str | None = None
@@ -49,7 +49,7 @@ class TaskConfig(_Section):
     channels_last: bool = True
 
 
-class HostConfig(_Section):
+class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     base_channels: Positive = 16
     n_blocks: Positive = 3
     #: transformer host
@@ -62,7 +62,7 @@ class HostConfig(_Section):
     strict_gates: bool = False
 
 
-class PolicyConfig(_Section):
+class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: PolicyKind = PolicyKind.PPO
     feature_dim: Positive = 128
     lstm_hidden: Positive = 128
@@ -74,7 +74,7 @@ class PolicyConfig(_Section):
     prune_threshold_pp: float = -0.5
 
 
-class PPOConfig(_Section):
+class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     lr: PositiveFloat = 3e-4
     clip: PositiveFloat = 0.2
     gamma: Fraction = 0.995
@@ -90,7 +90,7 @@ class PPOConfig(_Section):
     normalize_advantages: bool = True
 
 
-class RewardConfig(_Section):
+class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     family: RewardFamily = RewardFamily.CONTRIBUTION
     shaping: bool = True
     terminal: bool = True
@@ -102,7 +102,7 @@ class RewardConfig(_Section):
     normalize: bool = True
 
 
-class GovernorConfig(_Section):
+class GovernorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     enabled: bool = True
     snapshot_every: Positive = 5
     lobotomy_tolerance: Fraction = 0.065
@@ -113,7 +113,7 @@ class GovernorConfig(_Section):
     penalty: float = -10.0
 
 
-class TelemetryConfig(_Section):
+class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     level: str = "normal"
     dir: str = "runs"
     flush_interval_s: PositiveFloat = 0.5
@@ -126,7 +126,7 @@ class TelemetryConfig(_Section):
         return TelemetryLevel.parse(self.level)
 
 
-class RunConfig(_Section):
+class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     n_envs: Positive = 4
     rounds: Positive = 3
     episode_length: Positive = 20
@@ -141,7 +141,7 @@ class RunConfig(_Section):
     torch_threads: NonNegative = 0
 
 
-class Config(_Section):
+class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     host: HostConfig = msgspec.field(default_factory=HostConfig)

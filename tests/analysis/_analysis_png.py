@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {2: 3, 6: 4}
 
 
-def _chunks(data: bytes):
+def _chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
     pos = len(_SIGNATURE)
     while pos < len(data):
         (length,) = struct.unpack(">I", data[pos : pos + 4])
@@ -30,9 +31,9 @@ def _unfilter_row(kind: int, row: np.ndarray, prev: np.ndarray, bpp: int) -> np.
     if kind == 0:
         return row
     if kind == 2:
-        return (row + prev) % 256
+        return np.asarray((row + prev) % 256)
     if kind == 1:
-        return (np.cumsum(row.reshape(-1, bpp), axis=0) % 256).reshape(-1)
+        return np.asarray(np.cumsum(row.reshape(-1, bpp), axis=0) % 256).reshape(-1)
     return np.array(_sequential(kind, row.tolist(), prev.tolist(), bpp), np.int64)
 
 

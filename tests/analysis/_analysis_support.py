@@ -50,6 +50,7 @@ SEEDS = {
     "seed-d": dict(round=1, env=1, slot="r0c2", blueprint="norm"),
 }
 # seed -> [(step, kind, from, to, epochs_in_prev)]
+LifecycleRow = tuple[int, str, str, str, int]
 LIFECYCLE = {
     "seed-a": [
         (0, "germ", "", _G, 0),
@@ -91,7 +92,7 @@ class Script:
         return dict(self.counts) | {"writer_stats": 1}
 
 
-def _cell_lifecycle(r: int, e: int, s: int) -> Iterator[tuple[str, str, tuple]]:
+def _cell_lifecycle(r: int, e: int, s: int) -> Iterator[tuple[str, str, LifecycleRow]]:
     for seed_id, meta in SEEDS.items():
         if meta["round"] != r or meta["env"] != e:
             continue
@@ -137,7 +138,7 @@ def _reward(r: int, e: int, s: int, op: str) -> tuple[dict[str, float], float]:
     return parts, total
 
 
-def _lifecycle_event(seed_id: str, kind: str, row: tuple, r: int, e: int) -> ev.Event:
+def _lifecycle_event(seed_id: str, kind: str, row: LifecycleRow, r: int, e: int) -> ev.Event:
     meta = SEEDS[seed_id]
     s, _, frm, to, prev = row
     common = dict(round=r, env=e, step=s, slot=meta["slot"], seed_id=seed_id)

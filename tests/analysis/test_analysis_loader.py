@@ -8,15 +8,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from _analysis_support import CONFIG_HASH, Script, emit_run
-from conftest import OLD_SCHEMA_DROPS, Crashed, copy_run, rewrite_part
+from _analysis_support import CONFIG_HASH, Script, emit_run, run_started
+from conftest import OLD_SCHEMA_DROPS, OLD_SCHEMA_VERSION, Crashed, copy_run, rewrite_part
 from esper_analysis.counts import event_counts
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
-from esper_analysis.loader import load_run, load_runs
+from esper_analysis.loader import load_run, load_runs, scan_runs
 from esper_analysis.schema import event_schema
 
-from esper.core.enums import RunStatus
+from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry.events import SCHEMA_VERSION
+from esper.telemetry.hub import open_run
 
 
 def _first_part(run: Path, event_type: str) -> Path:
@@ -32,6 +33,7 @@ def test_finished_run_reads_every_type_with_catalogue_dtypes(
     assert run.status is RunStatus.FINISHED
     assert run.recovery is None
     assert run.config_hash == CONFIG_HASH
+    assert run.schema_version == SCHEMA_VERSION
     assert set(run.event_types) == set(script.expected_counts())
     for event_type, n in script.expected_counts().items():
         frame = run.scan(event_type).collect()
@@ -56,7 +58,13 @@ def test_all_ranks_are_one_dataset_and_a_directory_of_runs_loads(tmp_path: Path)
     steps = run.scan("env_step").group_by("rank").len().sort("rank").collect()
     assert steps["len"].to_list() == [script.counts["env_step"]] * 2
     assert event_counts(run).of("env_step") == 2 * script.counts["env_step"]
-    assert [r.run_id for r in load_runs(tmp_path)] == ["multi", "other"]
+    runs = load_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["multi", "other"]
+    fleet = scan_runs(runs, "episode_finished").group_by("run_id").len().sort("run_id").collect()
+    assert fleet["len"].to_list() == [
+        2 * script.counts["episode_finished"],
+        script.counts["episode_finished"],
+    ]
     assert [r.run_id for r in load_runs(tmp_path / "other")] == ["other"]
 
 
@@ -103,7 +111,7 @@ def test_corrupt_file_in_a_finished_run_is_an_error_naming_it(
 
 def test_older_schema_reads_missing_columns_as_null(older_run: Path) -> None:
     run = load_run(older_run)
-    assert run.schema_version == SCHEMA_VERSION  # file versions are older; reads as current
+    assert run.schema_version == OLD_SCHEMA_VERSION
     for event_type, columns in OLD_SCHEMA_DROPS.items():
         frame = run.scan(event_type).collect()
         assert frame.schema == event_schema(event_type)
@@ -143,3 +151,17 @@ def test_missing_or_non_run_directories_are_user_errors(tmp_path: Path) -> None:
         load_run(tmp_path)
     with pytest.raises(RunNotFoundError, match="no run directories"):
         load_runs(tmp_path)
+
+
+def test_a_live_run_reads_as_running_with_what_is_flushed(tmp_path: Path) -> None:
+    hub = open_run(tmp_path, "live", level=TelemetryLevel.NORMAL, flush_interval_s=60.0)
+    try:
+        hub.emit(run_started())
+        hub.flush()
+        run = load_run(tmp_path / "live")
+        assert run.status is RunStatus.RUNNING
+        assert run.recovery is not None and run.recovery.events == 1
+        assert "is running" in run.recovery.message
+    finally:
+        hub.close()
+    assert load_run(tmp_path / "live").status is RunStatus.FINISHED

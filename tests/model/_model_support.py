@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+
 import torch
 
 from esper.config import HostConfig, TaskConfig
@@ -39,10 +40,20 @@ def tiny_model(
     records: list[LifecycleRecord] | None = None,
 ) -> MorphogeneticModel:
     if topology == Topology.CNN:
-        return build_model(TINY_CNN, DIGITS_SPEC, seed=seed, strict_gates=strict,
-                           reporter=None if records is None else records.append)
-    return build_model(TINY_TRANSFORMER, TEXT_SPEC, seed=seed, strict_gates=strict,
-                       reporter=None if records is None else records.append)
+        return build_model(
+            TINY_CNN,
+            DIGITS_SPEC,
+            seed=seed,
+            strict_gates=strict,
+            reporter=None if records is None else records.append,
+        )
+    return build_model(
+        TINY_TRANSFORMER,
+        TEXT_SPEC,
+        seed=seed,
+        strict_gates=strict,
+        reporter=None if records is None else records.append,
+    )
 
 
 def sample_input(topology: Topology, batch: int = 6, *, seed: int = 0) -> torch.Tensor:
@@ -65,8 +76,16 @@ def germinate(
     tempo: int = 3,
     target: float = 1.0,
 ) -> None:
-    ok = model.germinate(slot, blueprint, style, tempo, target, seed_id=f"seed-{slot}",
-                         current_acc=50.0, initiator=Initiator.POLICY)
+    ok = model.germinate(
+        slot,
+        blueprint,
+        style,
+        tempo,
+        target,
+        seed_id=f"seed-{slot}",
+        current_acc=50.0,
+        initiator=Initiator.POLICY,
+    )
     assert ok
 
 
@@ -75,8 +94,13 @@ def drive_to(model: MorphogeneticModel, slot: str, stage: SeedStage, *, acc: flo
 
     Accuracy rises one point per tick so that strict gates' improvement checks pass too.
     """
-    order = [SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING,
-             SeedStage.FOSSILIZED]
+    order = [
+        SeedStage.GERMINATED,
+        SeedStage.TRAINING,
+        SeedStage.BLENDING,
+        SeedStage.HOLDING,
+        SeedStage.FOSSILIZED,
+    ]
     for step in range(100):
         current = model.slot(slot).stage
         if current == stage:
@@ -92,7 +116,9 @@ def drive_to(model: MorphogeneticModel, slot: str, stage: SeedStage, *, acc: flo
     raise AssertionError(f"could not drive {slot} to {stage}")
 
 
-def perturb_seed(model: MorphogeneticModel, slot: str, *, seed: int = 1, scale: float = 0.3) -> None:
+def perturb_seed(
+    model: MorphogeneticModel, slot: str, *, seed: int = 1, scale: float = 0.3
+) -> None:
     """Make a seed non-identity (its zero-initialised last layer gets random weights)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

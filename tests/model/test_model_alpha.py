@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -18,7 +19,7 @@ def test_curves_run_from_zero_to_one_monotonically(curve: AlphaCurve) -> None:
     values = [curve_value(curve, i / 100) for i in range(101)]
     assert values[0] == pytest.approx(0.0, abs=1e-12)
     assert values[-1] == pytest.approx(1.0, abs=1e-12)
-    assert all(b >= a for a, b in zip(values, values[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(values))
 
 
 def test_curve_shapes() -> None:
@@ -26,8 +27,10 @@ def test_curve_shapes() -> None:
     assert curve_value(AlphaCurve.COSINE, 0.5) == pytest.approx(0.5)
     assert curve_value(AlphaCurve.COSINE, 0.25) == pytest.approx((1 - math.cos(math.pi / 4)) / 2)
     # Steeper sigmoids move less early on and more around the middle.
-    early = [curve_value(c, 0.2) for c in (AlphaCurve.SIGMOID_GENTLE, AlphaCurve.SIGMOID,
-                                           AlphaCurve.SIGMOID_SHARP)]
+    early = [
+        curve_value(c, 0.2)
+        for c in (AlphaCurve.SIGMOID_GENTLE, AlphaCurve.SIGMOID, AlphaCurve.SIGMOID_SHARP)
+    ]
     assert early[0] > early[1] > early[2]
     assert curve_value(AlphaCurve.SIGMOID, 0.5) == pytest.approx(0.5)
 
@@ -35,7 +38,7 @@ def test_curve_shapes() -> None:
 @settings(max_examples=50, deadline=None)
 @given(
     st.sampled_from(ALPHA_TARGETS),
-    st.sampled_from(ALPHA_TARGETS + (0.0,)),
+    st.sampled_from((*ALPHA_TARGETS, 0.0)),
     st.sampled_from(TEMPOS + ALPHA_SPEEDS),
     st.sampled_from(list(AlphaCurve)),
 )

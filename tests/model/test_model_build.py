@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from esper.config import HostConfig, TaskConfig
-from esper.core.enums import GerminationStyle, Initiator, SeedStage, TaskName, Topology
-from esper.data.tasks import task_spec
-from esper.model import DEFAULT_REGISTRY, build_model
-from esper.core.constants import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS
 from _model_support import (
     DIGITS_SPEC,
     IMAGE32_SPEC,
@@ -20,6 +14,12 @@ from _model_support import (
     perturb_seed,
     sample_input,
 )
+
+from esper.config import HostConfig, TaskConfig
+from esper.core.constants import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS
+from esper.core.enums import GerminationStyle, Initiator, SeedStage, TaskName, Topology
+from esper.data.tasks import task_spec
+from esper.model import DEFAULT_REGISTRY, build_model
 
 
 def test_cnn_geometry_for_digits_and_32px_images() -> None:
@@ -60,8 +60,16 @@ def test_same_seed_same_weights_and_no_global_rng_use() -> None:
     a = build_model(HostConfig(), DIGITS_SPEC, seed=5)
     b = build_model(HostConfig(), DIGITS_SPEC, seed=5)
     for m in (a, b):
-        m.germinate("r0c1", "conv_heavy", GerminationStyle.GATED_GATE, 3, 1.0, seed_id="x",
-                    current_acc=0.0, initiator=Initiator.POLICY)
+        m.germinate(
+            "r0c1",
+            "conv_heavy",
+            GerminationStyle.GATED_GATE,
+            3,
+            1.0,
+            seed_id="x",
+            current_acc=0.0,
+            initiator=Initiator.POLICY,
+        )
     assert torch.equal(torch.random.get_rng_state(), before)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
@@ -73,7 +81,11 @@ def test_same_seed_same_weights_and_no_global_rng_use() -> None:
 def test_slot_subset_and_errors() -> None:
     model = build_model(HostConfig(slots=["r0c2", "r0c0"]), DIGITS_SPEC, seed=0)
     assert model.slot_ids == ("r0c0", "r0c2")  # host order
-    assert model.eval().fused_forward(torch.randn(1, 1, 8, 8), torch.zeros(3, 2)).shape == (3, 1, 10)
+    assert model.eval().fused_forward(torch.randn(1, 1, 8, 8), torch.zeros(3, 2)).shape == (
+        3,
+        1,
+        10,
+    )
     with pytest.raises(ValueError, match="unknown slot"):
         build_model(HostConfig(slots=["r9c9"]), DIGITS_SPEC, seed=0)
     with pytest.raises(ValueError, match="divisible"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 from esper.core.enums import GerminationStyle, SeedStage, Topology
-from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 #: Stage per slot; driven in reverse so slot 0 is still mid-blend at the end.
 STAGES = [SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED, SeedStage.TRAINING]
@@ -14,8 +14,11 @@ STAGES = [SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED, SeedStage
 
 def _grown(topology: Topology):
     model = tiny_model(topology, seed=2)
-    blueprints = ("conv_heavy", "attention", "bottleneck", "norm") if topology == Topology.CNN else (
-        "mlp", "attention", "lora", "norm")
+    blueprints = (
+        ("conv_heavy", "attention", "bottleneck", "norm")
+        if topology == Topology.CNN
+        else ("mlp", "attention", "lora", "norm")
+    )
     styles = list(GerminationStyle)
     for i in reversed(range(len(STAGES))):
         slot = model.slot_ids[i]
@@ -33,12 +36,14 @@ def test_fused_forward_equals_separate_forced_forwards(topology: Topology) -> No
     x = sample_input(topology, 5)
     n = len(model.slot_ids)
     real = model.current_alphas()
-    alphas = torch.stack([
-        real,
-        torch.zeros(n),
-        torch.rand(n, generator=torch.Generator().manual_seed(0)),
-        torch.where(torch.arange(n) == 1, 0.0, real),  # leave-one-out of slot 1
-    ])
+    alphas = torch.stack(
+        [
+            real,
+            torch.zeros(n),
+            torch.rand(n, generator=torch.Generator().manual_seed(0)),
+            torch.where(torch.arange(n) == 1, 0.0, real),  # leave-one-out of slot 1
+        ]
+    )
     with torch.inference_mode():
         fused = model.fused_forward(x, alphas)
         assert fused.shape == (4, *model(x).shape)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from _model_support import drive_to, germinate, healthy_grads, tiny_model
+
 from esper.core.constants import G2_MIN_TRAINING_EPOCHS, G3_STRICT_MIN_BLENDING_EPOCHS
 from esper.core.enums import (
     AlphaCurve,
@@ -12,7 +14,6 @@ from esper.core.enums import (
     SeedStage,
 )
 from esper.core.records import GateRecord, LifecycleRecord
-from _model_support import drive_to, germinate, healthy_grads, tiny_model
 
 P = Initiator.POLICY
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 from esper.core.constants import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS
 from esper.core.enums import BlendOp, GerminationStyle, SeedStage, Topology
 from esper.model.slot import SeedSlot
-from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
-TOPOLOGY_BLUEPRINTS = [(Topology.CNN, CNN_BLUEPRINTS), (Topology.TRANSFORMER, TRANSFORMER_BLUEPRINTS)]
+TOPOLOGY_BLUEPRINTS = [
+    (Topology.CNN, CNN_BLUEPRINTS),
+    (Topology.TRANSFORMER, TRANSFORMER_BLUEPRINTS),
+]
 
 
 def _loss(model, x: torch.Tensor) -> torch.Tensor:
@@ -26,13 +29,19 @@ def test_training_seeds_leave_host_gradients_bitwise_unchanged(topology, bluepri
     alone = tiny_model(topology, seed=7)
     with_seeds = tiny_model(topology, seed=7)
     for i, slot in enumerate(with_seeds.slot_ids):
-        germinate(with_seeds, slot, blueprints[i % len(blueprints)],
-                  list(GerminationStyle)[i % len(GerminationStyle)])
+        germinate(
+            with_seeds,
+            slot,
+            blueprints[i % len(blueprints)],
+            list(GerminationStyle)[i % len(GerminationStyle)],
+        )
         drive_to(with_seeds, slot, SeedStage.TRAINING)
         perturb_seed(with_seeds, slot, seed=i)  # make the seeds do something
     _loss(alone, x).backward()
     _loss(with_seeds, x).backward()
-    for (name, a), b in zip(alone.host.named_parameters(), with_seeds.host_parameters(), strict=True):
+    for (name, a), b in zip(
+        alone.host.named_parameters(), with_seeds.host_parameters(), strict=True
+    ):
         assert a.grad is not None and b.grad is not None
         assert torch.equal(a.grad, b.grad), name
     for slot in with_seeds.slot_ids:
@@ -115,8 +124,9 @@ def test_every_seed_preserves_shape_and_starts_as_identity() -> None:
         for bp in blueprints:
             for slot_id in model.slot_ids:
                 width = model.slot(slot_id).width
-                seed, _ = model.build_seed_modules(slot_id, bp, GerminationStyle.LINEAR_ADD,
-                                                   torch.Generator().manual_seed(0))
+                seed, _ = model.build_seed_modules(
+                    slot_id, bp, GerminationStyle.LINEAR_ADD, torch.Generator().manual_seed(0)
+                )
                 shape = (2, width, 4, 4) if topology == Topology.CNN else (2, 5, width)
                 h = torch.randn(shape)
                 assert torch.equal(seed(h), h), (topology, bp, slot_id)

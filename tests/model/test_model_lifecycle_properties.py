@@ -7,6 +7,7 @@ import itertools
 import math
 
 import pytest
+from _model_support import TINY_CNN, healthy_grads, sample_input, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,12 +31,14 @@ from esper.core.enums import (
 from esper.core.records import LifecycleRecord, SeedPrunedRecord, StageChangedRecord
 from esper.model import IllegalTransitionError
 from esper.model.lifecycle import SeedLifecycle, check_transition
-from _model_support import TINY_CNN, healthy_grads, sample_input, tiny_model
 
 FREE_AFTER = EMBARGO_EPOCHS + RESETTING_EPOCHS
-COOLDOWN_ORDER = [SeedStage.PRUNED] + [SeedStage.EMBARGOED] * (EMBARGO_EPOCHS - 1) + [
-    SeedStage.RESETTING
-] * RESETTING_EPOCHS + [SeedStage.DORMANT]
+COOLDOWN_ORDER = (
+    [SeedStage.PRUNED]
+    + [SeedStage.EMBARGOED] * (EMBARGO_EPOCHS - 1)
+    + [SeedStage.RESETTING] * RESETTING_EPOCHS
+    + [SeedStage.DORMANT]
+)
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(SeedStage, SeedStage)))
@@ -65,15 +68,23 @@ def test_cooldown_takes_exactly_embargo_plus_resetting_ticks() -> None:
 
 slot_idx = st.sampled_from((0, 0, 0, 1, 1, 2, 3, 4))  # crowd a few slots so seeds mature
 ACTION_PARAMS = {
-    "germinate": st.tuples(slot_idx, st.sampled_from(("norm", "conv_small", "attention")),
-                           st.sampled_from(list(GerminationStyle)), st.sampled_from(TEMPOS),
-                           st.sampled_from((*ALPHA_TARGETS, 1.0, 1.0))),
+    "germinate": st.tuples(
+        slot_idx,
+        st.sampled_from(("norm", "conv_small", "attention")),
+        st.sampled_from(list(GerminationStyle)),
+        st.sampled_from(TEMPOS),
+        st.sampled_from((*ALPHA_TARGETS, 1.0, 1.0)),
+    ),
     "advance": st.tuples(slot_idx),
     # Retry ADVANCE after each of up to N ticks: what a patient policy does.
     "mature": st.tuples(slot_idx, st.integers(1, 15)),
     "tick": st.tuples(st.integers(1, 12)),
-    "retarget": st.tuples(slot_idx, st.sampled_from(ALPHA_TARGETS), st.sampled_from(ALPHA_SPEEDS),
-                          st.sampled_from(list(AlphaCurve))),
+    "retarget": st.tuples(
+        slot_idx,
+        st.sampled_from(ALPHA_TARGETS),
+        st.sampled_from(ALPHA_SPEEDS),
+        st.sampled_from(list(AlphaCurve)),
+    ),
     "prune": st.tuples(slot_idx, st.sampled_from(ALPHA_SPEEDS), st.sampled_from(list(AlphaCurve))),
     "fossilize": st.tuples(slot_idx),
     "contribution": st.tuples(slot_idx, st.floats(-5, 5)),
@@ -82,8 +93,18 @@ ACTION_PARAMS = {
     "progress": st.tuples(slot_idx, st.sampled_from(list(GerminationStyle))),
 }
 #: Relative frequencies: enough advances and ticks for seeds to reach every stage.
-ACTION_WEIGHTS = {"germinate": 3, "advance": 3, "mature": 3, "tick": 5, "retarget": 2, "prune": 1,
-                  "fossilize": 2, "contribution": 2, "rollback": 1, "progress": 8}
+ACTION_WEIGHTS = {
+    "germinate": 3,
+    "advance": 3,
+    "mature": 3,
+    "tick": 5,
+    "retarget": 2,
+    "prune": 1,
+    "fossilize": 2,
+    "contribution": 2,
+    "rollback": 1,
+    "progress": 8,
+}
 KINDS = [k for k, w in ACTION_WEIGHTS.items() for _ in range(w)]
 actions = st.sampled_from(KINDS).flatmap(lambda k: ACTION_PARAMS[k].map(lambda p: (k, *p)))
 
@@ -120,16 +141,25 @@ class Tracker:
                 self.ticks_since_prune[s] = n + 1
 
 
-def _apply(model, action: tuple, tracker: Tracker, epoch: list[int],
-           records: list[LifecycleRecord]) -> None:
+def _apply(
+    model, action: tuple, tracker: Tracker, epoch: list[int], records: list[LifecycleRecord]
+) -> None:
     ids = model.slot_ids
     kind = action[0]
     if kind == "germinate":
         _, i, bp, style, tempo, target = action
         before = model.slot(ids[i]).stage
         room = len(model.live_seed_slots()) < TINY_CNN.max_seeds
-        ok = model.germinate(ids[i], bp, style, tempo, target, seed_id=f"s{epoch[0]}-{i}",
-                             current_acc=40.0, initiator=Initiator.POLICY)
+        ok = model.germinate(
+            ids[i],
+            bp,
+            style,
+            tempo,
+            target,
+            seed_id=f"s{epoch[0]}-{i}",
+            current_acc=40.0,
+            initiator=Initiator.POLICY,
+        )
         assert ok == (before == SeedStage.DORMANT and room)
     elif kind == "advance":
         model.advance(ids[action[1]], initiator=Initiator.POLICY)
@@ -139,8 +169,9 @@ def _apply(model, action: tuple, tracker: Tracker, epoch: list[int],
     elif kind == "prune":
         _, i, speed, curve = action
         was = model.slot(ids[i]).stage
-        ok = model.prune(ids[i], speed=speed, curve=curve, reason=PruneReason.POLICY,
-                         initiator=Initiator.POLICY)
+        ok = model.prune(
+            ids[i], speed=speed, curve=curve, reason=PruneReason.POLICY, initiator=Initiator.POLICY
+        )
         if was == SeedStage.FOSSILIZED:
             assert not ok
     elif kind == "progress":
@@ -166,8 +197,9 @@ def _apply(model, action: tuple, tracker: Tracker, epoch: list[int],
     elif kind == "contribution":
         model.record_contribution(ids[action[1]], action[2])
     elif kind == "rollback":
-        pruned = model.prune_live_seeds(reason=PruneReason.GOVERNOR_ROLLBACK,
-                                        initiator=Initiator.GOVERNOR)
+        pruned = model.prune_live_seeds(
+            reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR
+        )
         assert all(model.slot(s).stage == SeedStage.PRUNED for s in pruned)
     else:
         for _ in range(action[1]):
@@ -218,8 +250,9 @@ def test_random_action_sequences_respect_the_lifecycle(seq: list[tuple]) -> None
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 4), st.sampled_from(ALPHA_SPEEDS), st.sampled_from(list(AlphaCurve)))
-def test_pruned_slot_is_free_after_exactly_embargo_plus_resetting(i: int, speed: int,
-                                                                  curve: AlphaCurve) -> None:
+def test_pruned_slot_is_free_after_exactly_embargo_plus_resetting(
+    i: int, speed: int, curve: AlphaCurve
+) -> None:
     from _model_support import drive_to, germinate
 
     records: list[LifecycleRecord] = []
@@ -227,8 +260,9 @@ def test_pruned_slot_is_free_after_exactly_embargo_plus_resetting(i: int, speed:
     slot = model.slot_ids[i]
     germinate(model, slot, "conv_small")
     drive_to(model, slot, SeedStage.HOLDING)
-    assert model.prune(slot, speed=speed, curve=curve, reason=PruneReason.POLICY,
-                       initiator=Initiator.POLICY)
+    assert model.prune(
+        slot, speed=speed, curve=curve, reason=PruneReason.POLICY, initiator=Initiator.POLICY
+    )
     ramp = 0
     while model.slot(slot).stage != SeedStage.PRUNED:  # a scheduled prune ramps first
         assert model.slot(slot).life.scheduled_prune
@@ -236,12 +270,28 @@ def test_pruned_slot_is_free_after_exactly_embargo_plus_resetting(i: int, speed:
         ramp += 1
     assert ramp == speed
     for n in range(1, FREE_AFTER + 1):
-        assert not model.germinate(slot, "norm", GerminationStyle.LINEAR_ADD, 3, 1.0,
-                                   seed_id="again", current_acc=0.0, initiator=Initiator.POLICY)
+        assert not model.germinate(
+            slot,
+            "norm",
+            GerminationStyle.LINEAR_ADD,
+            3,
+            1.0,
+            seed_id="again",
+            current_acc=0.0,
+            initiator=Initiator.POLICY,
+        )
         model.tick(50.0)
         assert model.slot(slot).stage == COOLDOWN_ORDER[n]
-    assert model.germinate(slot, "norm", GerminationStyle.LINEAR_ADD, 3, 1.0, seed_id="again",
-                           current_acc=0.0, initiator=Initiator.POLICY)
+    assert model.germinate(
+        slot,
+        "norm",
+        GerminationStyle.LINEAR_ADD,
+        3,
+        1.0,
+        seed_id="again",
+        current_acc=0.0,
+        initiator=Initiator.POLICY,
+    )
     assert not math.isfinite(model.slot(slot).metrics.contribution)
 
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from _model_support import drive_to, germinate, sample_input, tiny_model
 
 from esper.core.enums import AlphaCurve, Initiator, PruneReason, SeedStage, Topology
 from esper.model import ParamCounts
 from esper.model.metrics import GRAD_EXPLODING_RMS, gradient_health, gradient_ratio
-from _model_support import drive_to, germinate, sample_input, tiny_model
 
 
 def test_grad_norms_match_a_direct_computation() -> None:
@@ -111,8 +111,13 @@ def test_scheduled_prune_freezes_the_seed_and_ramps_alpha_down() -> None:
     slot = model.slot_ids[0]
     germinate(model, slot, "conv_small")
     drive_to(model, slot, SeedStage.HOLDING)
-    assert model.prune(slot, speed=3, curve=AlphaCurve.COSINE, reason=PruneReason.POLICY,
-                       initiator=Initiator.POLICY)
+    assert model.prune(
+        slot,
+        speed=3,
+        curve=AlphaCurve.COSINE,
+        reason=PruneReason.POLICY,
+        initiator=Initiator.POLICY,
+    )
     rep = model.slot_reports()[0]
     assert rep.stage == SeedStage.BLENDING and rep.scheduled_prune and not rep.alpha_at_rest
     assert all(not p.requires_grad for p in model.seed_parameters(slot))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 import torch
+from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 from esper.core.enums import GerminationStyle, Initiator, PruneReason, SeedStage, Topology
 from esper.core.records import LifecycleRecord, SeedPrunedRecord
-from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 
 def _train_steps(model, steps: int = 3) -> None:
@@ -53,7 +53,9 @@ def test_restore_is_bitwise_exact_and_survives_torch_save() -> None:
     model.restore_state(snap)
     assert model.slot(b).stage == SeedStage.DORMANT  # not in the snapshot
     assert model.slot(a).stage == SeedStage.FOSSILIZED
-    pruned = model.prune_live_seeds(reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR)
+    pruned = model.prune_live_seeds(
+        reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR
+    )
     assert pruned == (c,)
     restored = _state(model)
     assert restored.keys() == expected.keys()
@@ -90,10 +92,13 @@ def test_prune_live_seeds_reports_every_pruned_seed() -> None:
     assert model.prune(s[2], speed=5, reason=PruneReason.POLICY, initiator=Initiator.POLICY)
     model.tick(50.0)  # mid-ramp scheduled prune
     records.clear()
-    pruned = model.prune_live_seeds(reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR)
+    pruned = model.prune_live_seeds(
+        reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR
+    )
     assert pruned == (s[1], s[2])
     got = [r for r in records if isinstance(r, SeedPrunedRecord)]
     assert [r.slot for r in got] == [s[1], s[2]]
-    assert all(r.reason == PruneReason.GOVERNOR_ROLLBACK and r.initiator == Initiator.GOVERNOR
-               for r in got)
+    assert all(
+        r.reason == PruneReason.GOVERNOR_ROLLBACK and r.initiator == Initiator.GOVERNOR for r in got
+    )
     assert model.live_seed_slots() == (s[0],)

@@ -119,3 +119,11 @@ def test_ctrl_c_exits_130_and_records_interrupted(tmp_path: Path) -> None:
     assert b"Traceback" not in err
     assert read_manifest(manifest).status == RunStatus.INTERRUPTED.value
     assert read_type(tmp_path / "long", "writer_stats")  # closed cleanly
+
+
+def test_analyze_forwards_its_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", "--help"]) == 0
+    assert "usage: esper analyze" in capsys.readouterr().out
+    run_demo(tmp_path, "fwd", DemoSettings(rounds=2))
+    assert main(["analyze", "rollbacks", str(tmp_path / "fwd")]) == 0
+    assert "fwd" in capsys.readouterr().out

@@ -103,9 +103,7 @@ HEAD_NAMES: Final = (
 #: Heads (besides op) whose value matters for each op; the rest take canonical values.
 RELEVANT_HEADS: Final[dict[LifecycleOp, frozenset[str]]] = {
     LifecycleOp.WAIT: frozenset({"op"}),
-    LifecycleOp.GERMINATE: frozenset(
-        {"op", "slot", "blueprint", "style", "tempo", "alpha_target"}
-    ),
+    LifecycleOp.GERMINATE: frozenset({"op", "slot", "blueprint", "style", "tempo", "alpha_target"}),
     LifecycleOp.SET_ALPHA_TARGET: frozenset(
         {"op", "slot", "style", "alpha_target", "alpha_speed", "alpha_curve"}
     ),

@@ -41,9 +41,7 @@ def _how_to_get(where: Path) -> str:
 def resolve_cifar_dir(data_path: str | os.PathLike[str] | None) -> Path:
     """The directory holding the .bin files (``data_path`` or its ``cifar-10-batches-bin``)."""
     if not data_path:
-        raise DatasetError(
-            "task cifar10 needs task.data_path: " + _how_to_get(Path("<data_path>"))
-        )
+        raise DatasetError("task cifar10 needs task.data_path: " + _how_to_get(Path("<data_path>")))
     root = Path(data_path).expanduser()
     if not root.is_dir():
         raise DatasetError(f"CIFAR-10 directory not found: {root}; " + _how_to_get(root))
@@ -52,7 +50,9 @@ def resolve_cifar_dir(data_path: str | os.PathLike[str] | None) -> Path:
         root = nested
     missing = [f for f in (*CIFAR_TRAIN_FILES, CIFAR_TEST_FILE) if not (root / f).is_file()]
     if missing:
-        raise DatasetError(f"CIFAR-10 files missing in {root}: {', '.join(missing)}; " + _how_to_get(root))
+        raise DatasetError(
+            f"CIFAR-10 files missing in {root}: {', '.join(missing)}; " + _how_to_get(root)
+        )
     return root
 
 
@@ -82,7 +82,9 @@ def read_cifar10_batch(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.nda
     return images, labels
 
 
-def write_cifar10_batch(path: str | os.PathLike[str], images: np.ndarray, labels: np.ndarray) -> None:
+def write_cifar10_batch(
+    path: str | os.PathLike[str], images: np.ndarray, labels: np.ndarray
+) -> None:
     """Write records in the official binary format (atomically: temp file + rename)."""
     images = np.asarray(images, dtype=np.uint8).reshape(-1, CIFAR_PIXELS)
     labels = np.asarray(labels, dtype=np.uint8).reshape(-1, 1)

@@ -98,7 +98,9 @@ class SharedBatchIterator:
                 batches.append((x[lo:hi], y[lo:hi]))  # dim-0 slices keep channels-last strides
             yield batches
 
-    def val_batches(self, val_x: Tensor, val_y: Tensor, batch_size: int, limit: int | None = None) -> list[Batch]:
+    def val_batches(
+        self, val_x: Tensor, val_y: Tensor, batch_size: int, limit: int | None = None
+    ) -> list[Batch]:
         """Validation batches on this iterator's device and memory format."""
         return val_batches(
             val_x, val_y, batch_size, limit, device=self.device, channels_last=self.channels_last

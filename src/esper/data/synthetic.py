@@ -57,7 +57,9 @@ def make_synthetic(
     return x.contiguous(), y.long()
 
 
-def synthetic_split(n_train: int, n_val: int, *, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def synthetic_split(
+    n_train: int, n_val: int, *, seed: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     train_x, train_y = make_synthetic(n_train, seed=seed)
     val_x, val_y = make_synthetic(n_val, seed=seed + VAL_SEED_OFFSET)
     return train_x, train_y, val_x, val_y

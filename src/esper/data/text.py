@@ -45,8 +45,9 @@ def load_text(
     need = min_text_bytes(seq_len)
     if len(data) < need:
         raise DatasetError(
-            f"{p}: {len(data)} bytes is too short for seq_len {seq_len}: need at least {need} "
-            f"bytes so that the training and validation splits each hold a {seq_len + 1}-byte window"
+            f"{p}: {len(data)} bytes is too short for seq_len {seq_len}: need at least "
+            f"{need} bytes so that the training and validation splits each hold a "
+            f"{seq_len + 1}-byte window"
         )
     split = len(data) - max(int(len(data) * TEXT_VAL_FRACTION), seq_len + 1)
     train_x, train_y = windows(data[:split], seq_len, max(1, seq_len // TRAIN_STRIDE_DIVISOR))

@@ -45,7 +45,16 @@ def curve_value(curve: AlphaCurve, progress: float) -> float:
 class AlphaController:
     """Alpha, its start and target, mode, curve and step counters (one per slot)."""
 
-    __slots__ = ("alpha", "curve", "last_delta", "mode", "start", "steps_done", "steps_total", "target")
+    __slots__ = (
+        "alpha",
+        "curve",
+        "last_delta",
+        "mode",
+        "start",
+        "steps_done",
+        "steps_total",
+        "target",
+    )
 
     def __init__(self, alpha: float = ALPHA_MIN) -> None:
         self.alpha = alpha

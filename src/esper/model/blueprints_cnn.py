@@ -42,7 +42,8 @@ class ResidualSeed(nn.Module):
     body: nn.Module
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.body(x)
+        out: Tensor = x + self.body(x)
+        return out
 
 
 class NormSeed(ResidualSeed):
@@ -65,7 +66,8 @@ class SqueezeExciteSeed(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         squeezed = x.mean(dim=(2, 3))
         scale = self.fc2(self.fc1(squeezed).relu()).tanh()
-        return x + x * scale[:, :, None, None]
+        out: Tensor = x + x * scale[:, :, None, None]
+        return out
 
 
 class ConvSmallSeed(ResidualSeed):

@@ -31,7 +31,8 @@ class TokenNormSeed(nn.Module):
         self.norm = zero_init(nn.LayerNorm(width))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.norm(x)
+        out: Tensor = x + self.norm(x)
+        return out
 
 
 class LoRASeed(nn.Module):
@@ -44,7 +45,8 @@ class LoRASeed(nn.Module):
         self.up = zero_init(nn.Linear(r, width, bias=False))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.up(self.down(x))
+        out: Tensor = x + self.up(self.down(x))
+        return out
 
 
 class LoRASmallSeed(LoRASeed):
@@ -77,7 +79,8 @@ class CausalAttentionSeed(nn.Module):
         shape = (b, t, self.n_heads, d // self.n_heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        out: Tensor = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
 
 class MLPSeed(nn.Module):
@@ -91,7 +94,8 @@ class MLPSeed(nn.Module):
         self.fc2 = zero_init(nn.Linear(hidden, width))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+        out: Tensor = x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+        return out
 
 
 class MLPSmallSeed(MLPSeed):

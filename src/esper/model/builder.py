@@ -7,14 +7,14 @@ same weights whatever else the process has sampled.
 
 from __future__ import annotations
 
+import torch
+
 from esper.config import HostConfig
 from esper.core.enums import Topology
 from esper.data.tasks import TaskSpec
 from esper.model.hosts import CNNHost, HostNetwork, TransformerHost
 from esper.model.initialization import materialize
 from esper.model.morphogenetic import MorphogeneticModel, Reporter
-
-import torch
 
 
 def build_host(host: HostConfig, spec: TaskSpec, *, seed: int) -> HostNetwork:

@@ -78,7 +78,10 @@ def gate_g2(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateR
     """Blend: trained long enough with a measured, healthy gradient."""
     checks = [
         ("stage_training", life.stage == SeedStage.TRAINING),
-        (f"epochs_in_training>={G2_MIN_TRAINING_EPOCHS}", life.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS),
+        (
+            f"epochs_in_training>={G2_MIN_TRAINING_EPOCHS}",
+            life.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS,
+        ),
         ("gradient_health_measured", math.isfinite(metrics.grad_health)),
         (f"gradient_health>={G2_MIN_GRADIENT_HEALTH}", _healthy(metrics)),
     ]

@@ -99,7 +99,9 @@ class CNNHost(HostNetwork):
                 ids_widths.append((slot_name(POST_POOL_ROW, i), c_out))
                 size //= POOL
             c_in = c_out
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)
+        )
         self.positions = self._positions(ids_widths)
 
 
@@ -116,7 +118,8 @@ class CausalSelfAttention(nn.Module):
         shape = (b, t, self.n_heads, d // self.n_heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
+        out: Tensor = self.out(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
 
 class TransformerBlock(nn.Module):
@@ -132,7 +135,8 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        out: Tensor = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return out
 
 
 class TokenStem(nn.Module):
@@ -143,7 +147,8 @@ class TokenStem(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         positions = torch.arange(x.shape[1], device=x.device)
-        return self.tok(x) + self.pos(positions)
+        out: Tensor = self.tok(x) + self.pos(positions)
+        return out
 
 
 class TiedHead(nn.Module):
@@ -155,13 +160,16 @@ class TiedHead(nn.Module):
         self.proj = nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.norm(x))
+        out: Tensor = self.proj(self.norm(x))
+        return out
 
 
 class TransformerHost(HostNetwork):
     """Small causal language model over a byte vocabulary, weight-tied."""
 
-    def __init__(self, *, vocab: int, max_len: int, d_model: int, n_heads: int, n_layers: int) -> None:
+    def __init__(
+        self, *, vocab: int, max_len: int, d_model: int, n_heads: int, n_layers: int
+    ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
@@ -179,6 +187,6 @@ class TransformerHost(HostNetwork):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         # Device/dtype moves may replace Parameter objects; re-tie so they stay shared.
-        out = super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self.finalize()
         return out

@@ -99,12 +99,16 @@ class SeedMetrics:
     def record_contribution(self, contribution_pp: float) -> None:
         prev = self.contribution
         self.contribution_velocity = (
-            contribution_pp - prev if math.isfinite(prev) and math.isfinite(contribution_pp) else 0.0
+            contribution_pp - prev
+            if math.isfinite(prev) and math.isfinite(contribution_pp)
+            else 0.0
         )
         self.contribution = contribution_pp
         self.epochs_since_contribution = 0
 
-    def record_gradients(self, seed_norm: float, n_seed: int, host_norm: float, n_host: int) -> None:
+    def record_gradients(
+        self, seed_norm: float, n_seed: int, host_norm: float, n_host: int
+    ) -> None:
         self.seed_grad_norm = seed_norm
         self.grad_health = gradient_health(seed_norm, n_seed)
         self.grad_norm_ratio = gradient_ratio(seed_norm, n_seed, host_norm, n_host)

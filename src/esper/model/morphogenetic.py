@@ -70,14 +70,16 @@ class MorphogeneticModel(nn.Module):
         unknown = [s for s in wanted if s not in offered]
         if unknown:
             raise ValueError(f"unknown slot(s) {unknown}; this host offers {tuple(offered)}")
-        self.slot_ids: tuple[str, ...] = tuple(p.slot_id for p in host.positions if p.slot_id in wanted)
+        self.slot_ids: tuple[str, ...] = tuple(
+            p.slot_id for p in host.positions if p.slot_id in wanted
+        )
         self.positions: dict[str, SlotPosition] = {s: offered[s] for s in self.slot_ids}
         self.slots = nn.ModuleDict(
             {s: SeedSlot(s, offered[s].width, strict=strict_gates) for s in self.slot_ids}
         )
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
         for s in self.slot_ids:
-            self._slot_after[offered[s].segment] = self.slots[s]  # type: ignore[assignment]
+            self._slot_after[offered[s].segment] = self._slot(s)
         self._germinations = dict.fromkeys(self.slot_ids, 0)
         self._grad_index: dict[tuple[object, ...], Tensor] = {}
         self._reporter: Reporter | None = None
@@ -104,7 +106,8 @@ class MorphogeneticModel(nn.Module):
                 a = alphas[:, col].reshape((-1,) + (1,) * (h.dim() - 1))
             col += 1
             h = slot(h, a)
-        return self.host.head(h)
+        out: Tensor = self.host.head(h)
+        return out
 
     def fused_forward(self, x: Tensor, alphas: Tensor) -> Tensor:
         """Evaluate K alpha configurations ``alphas[K, n_slots]`` in one pass: [K, B, ...].
@@ -114,7 +117,9 @@ class MorphogeneticModel(nn.Module):
         otherwise mix statistics across configurations); call it under inference mode.
         """
         if self.training:
-            raise RuntimeError("fused_forward needs model.eval() (batch statistics would mix configs)")
+            raise RuntimeError(
+                "fused_forward needs model.eval() (batch statistics would mix configs)"
+            )
         if alphas.dim() != 2 or alphas.shape[1] != len(self.slot_ids):
             raise ValueError(f"alphas must be [K, {len(self.slot_ids)}], got {tuple(alphas.shape)}")
         k, b = alphas.shape[0], x.shape[0]
@@ -188,7 +193,13 @@ class MorphogeneticModel(nn.Module):
         return self._slot(slot_id).advance(initiator)
 
     def set_alpha_target(
-        self, slot_id: str, target: float, speed: int, curve: AlphaCurve | int, *, initiator: Initiator
+        self,
+        slot_id: str,
+        target: float,
+        speed: int,
+        curve: AlphaCurve | int,
+        *,
+        initiator: Initiator,
     ) -> bool:
         """Retarget a BLENDING/HOLDING seed at rest over ``speed`` epochs (0: at once)."""
         return self._slot(slot_id).set_alpha_target(target, speed, AlphaCurve(curve), initiator)
@@ -347,7 +358,7 @@ class MorphogeneticModel(nn.Module):
         ref = next(self.host.parameters())
         module = module.to(device=ref.device, dtype=ref.dtype)
         if self._host_channels_last():
-            module = module.to(memory_format=torch.channels_last)
+            module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         return module
 
     def _host_channels_last(self) -> bool:

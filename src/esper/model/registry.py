@@ -40,7 +40,9 @@ class BlueprintRegistry:
     def __init__(self) -> None:
         self._entries: dict[tuple[Topology, str], Blueprint] = {}
 
-    def register(self, topology: Topology, name: str, factory: SeedFactory, description: str = "") -> None:
+    def register(
+        self, topology: Topology, name: str, factory: SeedFactory, description: str = ""
+    ) -> None:
         key = (topology, name)
         if key in self._entries:
             raise ValueError(f"blueprint {name!r} already registered for {topology.value}")

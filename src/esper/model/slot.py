@@ -279,9 +279,9 @@ class SeedSlot(nn.Module):
 
     def record_gradients(self, seed_norm: float, host_norm: float, n_host: int) -> None:
         """Take one epoch's gradient norms; only seeds that train are measured."""
-        if self.life.stage in BLENDED_STAGES or self.life.stage == SeedStage.TRAINING:
-            if not self.life.scheduled_prune:
-                self.metrics.record_gradients(seed_norm, self.n_params, host_norm, n_host)
+        trains = self.life.stage in BLENDED_STAGES or self.life.stage == SeedStage.TRAINING
+        if trains and not self.life.scheduled_prune:
+            self.metrics.record_gradients(seed_norm, self.n_params, host_norm, n_host)
 
     def restore_fossil(
         self,

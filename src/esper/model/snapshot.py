@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from esper.core.enums import GerminationStyle, SeedStage
 from esper.core.constants import STYLE_BLEND
+from esper.core.enums import GerminationStyle, SeedStage
 from esper.model.lifecycle import SeedLifecycle
 from esper.model.metrics import SeedMetrics
 
@@ -68,7 +68,11 @@ def snapshot_model(model: MorphogeneticModel) -> dict[str, Tensor]:
 
 
 def _fossil_ids(state: dict[str, Tensor]) -> set[str]:
-    return {k[len(FOSSIL) : -len(_BLUEPRINT)] for k in state if k.startswith(FOSSIL) and k.endswith(_BLUEPRINT)}
+    return {
+        k[len(FOSSIL) : -len(_BLUEPRINT)]
+        for k in state
+        if k.startswith(FOSSIL) and k.endswith(_BLUEPRINT)
+    }
 
 
 def _rebuild(model: MorphogeneticModel, sid: str, state: dict[str, Tensor]) -> None:

@@ -36,7 +36,7 @@ class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type
 # --- Run and round ---------------------------------------------------------------------
 
 
-class RunStarted(Event, tag="run_started"):
+class RunStarted(Event, tag="run_started", frozen=True, gc=False, kw_only=True):
     config_json: str
     config_hash: str
     parent_run_id: str
@@ -59,7 +59,7 @@ class RunStarted(Event, tag="run_started"):
     deterministic: bool
 
 
-class RunFinished(Event, tag="run_finished"):
+class RunFinished(Event, tag="run_finished", frozen=True, gc=False, kw_only=True):
     status: str
     rounds_completed: int
     env_steps: int
@@ -70,14 +70,14 @@ class RunFinished(Event, tag="run_finished"):
     error: str
 
 
-class RoundStarted(Event, tag="round_started"):
+class RoundStarted(Event, tag="round_started", frozen=True, gc=False, kw_only=True):
     n_envs: int
     episode_length: int
     entropy_coef: float
     lr: float
 
 
-class RoundFinished(Event, tag="round_finished"):
+class RoundFinished(Event, tag="round_finished", frozen=True, gc=False, kw_only=True):
     wall_s: float
     eps: float
     mean_episode_reward: float
@@ -93,7 +93,7 @@ class RoundFinished(Event, tag="round_finished"):
 # --- Per env-step (level normal) -------------------------------------------------------
 
 
-class EnvStep(Event, tag="env_step"):
+class EnvStep(Event, tag="env_step", frozen=True, gc=False, kw_only=True):
     train_loss: float
     train_acc: float
     val_loss: float
@@ -107,7 +107,7 @@ class EnvStep(Event, tag="env_step"):
     policy_ms: float
 
 
-class ActionTaken(Event, tag="action_taken"):
+class ActionTaken(Event, tag="action_taken", frozen=True, gc=False, kw_only=True):
     op: str
     slot: str
     blueprint: str
@@ -125,7 +125,7 @@ class ActionTaken(Event, tag="action_taken"):
     op_prob: float
 
 
-class RewardComputed(Event, tag="reward_computed"):
+class RewardComputed(Event, tag="reward_computed", frozen=True, gc=False, kw_only=True):
     family: str
     op: str
     attribution: float
@@ -143,7 +143,9 @@ class RewardComputed(Event, tag="reward_computed"):
     normalized: float
 
 
-class CounterfactualComputed(Event, tag="counterfactual_computed"):
+class CounterfactualComputed(
+    Event, tag="counterfactual_computed", frozen=True, gc=False, kw_only=True
+):
     slots: list[str]
     contributions: list[float]
     unavailable_reasons: list[str]
@@ -158,7 +160,7 @@ class CounterfactualComputed(Event, tag="counterfactual_computed"):
 # --- Seed lifecycle (level lifecycle) --------------------------------------------------
 
 
-class SeedGerminated(Event, tag="seed_germinated"):
+class SeedGerminated(Event, tag="seed_germinated", frozen=True, gc=False, kw_only=True):
     slot: str
     seed_id: str
     blueprint: str
@@ -170,7 +172,7 @@ class SeedGerminated(Event, tag="seed_germinated"):
     acc_at_germination: float
 
 
-class SeedStageChanged(Event, tag="seed_stage_changed"):
+class SeedStageChanged(Event, tag="seed_stage_changed", frozen=True, gc=False, kw_only=True):
     slot: str
     seed_id: str
     blueprint: str
@@ -181,7 +183,7 @@ class SeedStageChanged(Event, tag="seed_stage_changed"):
     initiator: str
 
 
-class GateEvaluated(Event, tag="gate_evaluated"):
+class GateEvaluated(Event, tag="gate_evaluated", frozen=True, gc=False, kw_only=True):
     slot: str
     seed_id: str
     gate: str
@@ -193,7 +195,7 @@ class GateEvaluated(Event, tag="gate_evaluated"):
     strict: bool
 
 
-class SeedFossilized(Event, tag="seed_fossilized"):
+class SeedFossilized(Event, tag="seed_fossilized", frozen=True, gc=False, kw_only=True):
     slot: str
     seed_id: str
     blueprint: str
@@ -202,7 +204,7 @@ class SeedFossilized(Event, tag="seed_fossilized"):
     age_epochs: int
 
 
-class SeedPruned(Event, tag="seed_pruned"):
+class SeedPruned(Event, tag="seed_pruned", frozen=True, gc=False, kw_only=True):
     slot: str
     seed_id: str
     blueprint: str
@@ -217,7 +219,7 @@ class SeedPruned(Event, tag="seed_pruned"):
 # --- Safety, episodes, learning --------------------------------------------------------
 
 
-class GovernorRollback(Event, tag="governor_rollback"):
+class GovernorRollback(Event, tag="governor_rollback", frozen=True, gc=False, kw_only=True):
     reason: str
     loss: float
     threshold: float
@@ -230,7 +232,7 @@ class GovernorRollback(Event, tag="governor_rollback"):
     penalty: float
 
 
-class EpisodeFinished(Event, tag="episode_finished"):
+class EpisodeFinished(Event, tag="episode_finished", frozen=True, gc=False, kw_only=True):
     final_val_acc: float
     final_val_loss: float
     host_params: int
@@ -243,7 +245,7 @@ class EpisodeFinished(Event, tag="episode_finished"):
     rollback_penalty: float
 
 
-class PpoUpdate(Event, tag="ppo_update"):
+class PpoUpdate(Event, tag="ppo_update", frozen=True, gc=False, kw_only=True):
     policy_loss: float
     value_loss: float
     entropy: float
@@ -280,7 +282,7 @@ class PpoUpdate(Event, tag="ppo_update"):
     return_mean: float
 
 
-class AnomalyDetected(Event, tag="anomaly_detected"):
+class AnomalyDetected(Event, tag="anomaly_detected", frozen=True, gc=False, kw_only=True):
     kind: str
     detail: str
     value: float
@@ -288,28 +290,30 @@ class AnomalyDetected(Event, tag="anomaly_detected"):
     escalated: bool
 
 
-class TelemetryLevelChanged(Event, tag="telemetry_level_changed"):
+class TelemetryLevelChanged(
+    Event, tag="telemetry_level_changed", frozen=True, gc=False, kw_only=True
+):
     old_level: str
     new_level: str
     reason: str
     until_round: int
 
 
-class CheckpointSaved(Event, tag="checkpoint_saved"):
+class CheckpointSaved(Event, tag="checkpoint_saved", frozen=True, gc=False, kw_only=True):
     path: str
     bytes: int
     next_round: int
     seq_position: int
 
 
-class CheckpointLoaded(Event, tag="checkpoint_loaded"):
+class CheckpointLoaded(Event, tag="checkpoint_loaded", frozen=True, gc=False, kw_only=True):
     path: str
     next_round: int
     parent_run_id: str
     seq_position: int
 
 
-class WriterStats(Event, tag="writer_stats"):
+class WriterStats(Event, tag="writer_stats", frozen=True, gc=False, kw_only=True):
     events_written: int
     bytes_written: int
     flushes: int
@@ -322,7 +326,7 @@ class WriterStats(Event, tag="writer_stats"):
 # --- Debug ------------------------------------------------------------------------------
 
 
-class LayerGradStats(Event, tag="layer_grad_stats"):
+class LayerGradStats(Event, tag="layer_grad_stats", frozen=True, gc=False, kw_only=True):
     layer: str
     grad_norm: float
     param_norm: float

@@ -12,9 +12,9 @@ import math
 import msgspec
 
 from esper.core.enums import AnomalyKind, TelemetryLevel
-from esper.core.protocols import Hub
 from esper.core.records import PPOMetrics
 from esper.telemetry.events import AnomalyDetected
+from esper.telemetry.hub import Hub
 
 RATIO_EXPLOSION_THRESHOLD = 5.0
 KL_SPIKE_FACTOR = 10.0

@@ -56,7 +56,9 @@ def _autocast(env: EnvState, amp: AmpMode) -> contextlib.AbstractContextManager[
     return torch.autocast(device_type="cuda", dtype=dtype)
 
 
-def _prepare_inputs(env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions):
+def _prepare_inputs(
+    env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Move a batch to the env's device/stream (no sync: non_blocking, record_stream)."""
     if env.stream is not None:
         env.stream.wait_stream(torch.cuda.current_stream(env.device))
@@ -88,18 +90,19 @@ def train_batch(
     with _autocast(env, opts.amp):
         logits = model(x)
         loss, correct = _loss_and_correct(logits, y)
+    loss_t: torch.Tensor = loss
     if inject_nan:
-        loss = loss * math.nan
+        loss_t = loss_t * math.nan
     optimizers = [env.host_optimizer, *env.seed_optimizers.values()]
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     scaler = env.scaler
     if scaler is not None:
-        scaler.scale(loss).backward()
+        scaler.scale(loss_t).backward()  # type: ignore[no-untyped-call]
         for opt in optimizers:
             scaler.unscale_(opt)
     else:
-        loss.backward()
+        loss_t.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(model.parameters(), HOST_GRAD_CLIP, foreach=True)
     env.last_grad_norms = model.grad_norms()
     for opt in optimizers:
@@ -112,7 +115,7 @@ def train_batch(
     n = y.numel()
     accum = env.train_accum
     assert accum is not None
-    accum[0] += loss.detach().float() * n
+    accum[0] += loss_t.detach().float() * n
     accum[1] += correct
     accum[2] += n
 

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
-from esper.core.protocols import Hub
 from esper.core.records import (
     CounterfactualRecord,
     GateRecord,
@@ -26,15 +25,17 @@ from esper.core.records import (
     StageChangedRecord,
 )
 from esper.telemetry import events as ev
+from esper.telemetry.hub import Hub
 
 
 def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: int) -> None:
     """One lifecycle record from the model becomes one ``seed_*``/``gate_evaluated`` event."""
-    envelope = {"round": rnd, "env": env, "step": step}
     event: ev.Event
     if isinstance(rec, SeedGerminatedRecord):
         event = ev.SeedGerminated(
-            **envelope,
+            round=rnd,
+            env=env,
+            step=step,
             slot=rec.slot,
             seed_id=rec.seed_id,
             blueprint=rec.blueprint,
@@ -47,7 +48,9 @@ def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: 
         )
     elif isinstance(rec, StageChangedRecord):
         event = ev.SeedStageChanged(
-            **envelope,
+            round=rnd,
+            env=env,
+            step=step,
             slot=rec.slot,
             seed_id=rec.seed_id,
             blueprint=rec.blueprint,
@@ -60,7 +63,9 @@ def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: 
     elif isinstance(rec, GateRecord):
         res = rec.result
         event = ev.GateEvaluated(
-            **envelope,
+            round=rnd,
+            env=env,
+            step=step,
             slot=rec.slot,
             seed_id=rec.seed_id,
             gate=res.gate.value,
@@ -73,7 +78,9 @@ def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: 
         )
     elif isinstance(rec, SeedFossilizedRecord):
         event = ev.SeedFossilized(
-            **envelope,
+            round=rnd,
+            env=env,
+            step=step,
             slot=rec.slot,
             seed_id=rec.seed_id,
             blueprint=rec.blueprint,
@@ -83,7 +90,9 @@ def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: 
         )
     elif isinstance(rec, SeedPrunedRecord):
         event = ev.SeedPruned(
-            **envelope,
+            round=rnd,
+            env=env,
+            step=step,
             slot=rec.slot,
             seed_id=rec.seed_id,
             blueprint=rec.blueprint,

@@ -20,7 +20,7 @@ from esper.core.constants import (
 )
 from esper.core.enums import AmpMode
 from esper.data.tasks import TaskSpec
-from esper.model import build_model
+from esper.model import MorphogeneticModel, build_model
 from esper.policy.signals import SignalTracker
 from esper.training.env_state import EnvState
 from esper.training.governor import Governor
@@ -36,9 +36,9 @@ def resolve_env_devices(cfg: Config) -> list[torch.device]:
     return [torch.device(names[i % len(names)]) for i in range(cfg.run.n_envs)]
 
 
-def make_host_optimizer(env: EnvState) -> torch.optim.Optimizer:
+def make_host_optimizer(model: MorphogeneticModel) -> torch.optim.Optimizer:
     return torch.optim.SGD(
-        env.model.host_parameters(),
+        model.host_parameters(),
         lr=HOST_LR,
         momentum=HOST_MOMENTUM,
         weight_decay=HOST_WEIGHT_DECAY,
@@ -69,24 +69,23 @@ class EnvFactory:
             strict_gates=self.cfg.host.strict_gates,
         ).to(device)
         if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
-            model = model.to(memory_format=torch.channels_last)
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         governor = Governor(self.cfg.governor, random_guess_loss=self.spec.random_guess_loss)
         use_cuda = device.type == "cuda"
         env = EnvState(
             index=index,
             device=device,
             model=model,
-            host_optimizer=torch.optim.SGD([torch.zeros(1)]),  # replaced just below
+            host_optimizer=make_host_optimizer(model),
             governor=governor,
             tracker=SignalTracker(),
-            stream=torch.cuda.Stream(device=device) if use_cuda else None,
+            stream=torch.cuda.Stream(device=device) if use_cuda else None,  # type: ignore[no-untyped-call]
             scaler=(
                 torch.amp.GradScaler("cuda")
                 if use_cuda and self.cfg.run.amp == AmpMode.FP16
                 else None
             ),
         )
-        env.host_optimizer = make_host_optimizer(env)
         model.set_reporter(env.pending.append)
         governor.maybe_snapshot(0, model, force=True)
         return env

@@ -18,6 +18,7 @@ from esper.core.enums import AmpMode, PolicyKind
 from esper.core.records import PPOMetrics
 from esper.policy.actions import ActionSpace
 from esper.policy.features import obs_dim
+from esper.policy.network import FactoredActorCritic
 from esper.policy.protocol import Policy, PolicyInput, PolicyStep
 from esper.training.buffer import RolloutBuffer
 from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
@@ -107,6 +108,18 @@ class Learner:
                 dones=dones.to(self.device),
             )
         return normalized.tolist()
+
+    @torch.no_grad()
+    def bootstrap_values(
+        self,
+        obs: torch.Tensor,
+        blueprint_ids: torch.Tensor,
+        hidden: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """V(s_T+1) of the post-episode state (normalised scale), for the truncation."""
+        if not isinstance(self.policy, FactoredActorCritic):
+            return torch.zeros(obs.shape[0], device=self.device)
+        return self.policy.predict_value(self.obs_norm.normalize(obs), blueprint_ids, hidden)
 
     def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
         """Env's segment ends at the decision that led into the failed epoch, which

@@ -15,20 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import torch
 
 import esper
 from esper.config import Config, with_overrides
 from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
-from esper.core.protocols import Hub
 from esper.data.tasks import TaskData, load_task
 from esper.errors import UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
 from esper.policy.protocol import Policy
 from esper.telemetry import events as ev
-from esper.telemetry.hub import open_run
+from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import validate_run_id
 from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
 from esper.training.faults import FaultPlan
@@ -158,7 +156,7 @@ def _run_rounds(
                 env_steps=env_steps,
                 wall_s=wall,
                 eps=env_steps / wall if wall > 0 else 0.0,
-                events_emitted=hub.next_seq + 1,
+                events_emitted=hub.events_emitted + 1,
                 rollbacks=trainer.state.rollbacks,
                 error=error,
             )
@@ -240,7 +238,7 @@ def _run_started(cfg: Config, learner: Learner, parent: str, start_round: int) -
         parent_run_id=parent,
         resumed_from_round=start_round if parent or start_round else -1,
         esper_version=esper.__version__,
-        torch_version=torch.__version__,
+        torch_version=str(torch.__version__),
         python_version=sys.version.split()[0],
         platform=platform.platform(),
         device=str(learner.device),
@@ -256,7 +254,3 @@ def _run_started(cfg: Config, learner: Learner, parent: str, start_round: int) -
         telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
         deterministic=learner.device.type == "cpu",
     )
-
-
-def config_summary(cfg: Config) -> dict[str, Any]:
-    return msgspec.to_builtins(cfg)

@@ -25,14 +25,15 @@ import torch
 from esper.config import Config
 from esper.core.constants import HEAD_NAMES
 from esper.core.enums import Initiator, PolicyKind, TelemetryLevel
-from esper.core.protocols import Hub
+from esper.core.records import SlotReport
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
 from esper.policy.actions import ActionSpace, decode_action
 from esper.policy.features import build_features
-from esper.policy.masks import compute_masks
+from esper.policy.masks import ActionMasks, compute_masks
 from esper.policy.protocol import PolicyInput
 from esper.telemetry import events as ev
+from esper.telemetry.hub import Hub
 from esper.training import emitters
 from esper.training.action_execution import execute_action
 from esper.training.anomaly import TelemetryEscalator, detect_anomalies
@@ -80,7 +81,7 @@ class Decision:
     rows: list[list[float]]
     obs: torch.Tensor
     blueprint_ids: torch.Tensor
-    masks: object
+    masks: ActionMasks
     actions: torch.Tensor
     log_probs: torch.Tensor
     values: torch.Tensor
@@ -285,15 +286,7 @@ class VectorizedTrainer:
         masks = compute_masks(
             reports, self.space, max_seeds=self.cfg.host.max_seeds, device=self.device
         )
-        obs, bp_ids = build_features(
-            trackers=[e.tracker for e in envs],
-            reports=reports,
-            epoch=step,
-            max_epochs=self.horizon,
-            last_ops=[e.last_op for e in envs],
-            last_success=[e.last_success for e in envs],
-            device=self.device,
-        )
+        obs, bp_ids = self._features(envs, step, reports)
         t1 = time.perf_counter()
         inp = PolicyInput(
             obs=self.learner.normalize_obs(obs),
@@ -325,6 +318,22 @@ class VectorizedTrainer:
             log_probs=out.log_probs,
             values=out.value,
             hidden=out.hidden,
+        )
+
+    def _features(
+        self,
+        envs: list[EnvState],
+        step: int,
+        reports: list[tuple[SlotReport, ...]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return build_features(
+            trackers=[e.tracker for e in envs],
+            reports=reports if reports is not None else [e.model.slot_reports() for e in envs],
+            epoch=step,
+            max_epochs=self.horizon,
+            last_ops=[e.last_op for e in envs],
+            last_success=[e.last_success for e in envs],
+            device=self.device,
         )
 
     def _act(
@@ -401,9 +410,10 @@ class VectorizedTrainer:
     ) -> RoundSummary:
         """End of round: bootstrap, GAE, PPO update, episode and round events."""
         t0 = time.perf_counter()
-        final_decision = self._decide(envs, self.horizon, hidden, PhaseTimes())
+        obs, bp_ids = self._features(envs, self.horizon)
+        last_values = self.learner.bootstrap_values(obs, bp_ids, hidden)
         metrics = self.learner.end_round(
-            final_decision.values, rnd=rnd, inject_nan=self.faults.policy_nan(rnd)
+            last_values, rnd=rnd, inject_nan=self.faults.policy_nan(rnd)
         )
         times.ppo_ms += (time.perf_counter() - t0) * 1e3
         if metrics is not None:
