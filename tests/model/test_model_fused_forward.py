@@ -82,3 +82,28 @@ def test_fused_forward_keeps_channels_last() -> None:
     with torch.inference_mode():
         fused = model.fused_forward(x, alphas)
         assert torch.allclose(fused[1], model(x, alphas[1]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("topology", [Topology.CNN, Topology.TRANSFORMER])
+@pytest.mark.parametrize("style", list(GerminationStyle))
+def test_mixed_precision_keeps_the_host_dtype(topology: Topology, style: GerminationStyle) -> None:
+    """Under autocast a seed may return float32 next to a bf16 host stream; the blends
+    and the straight-through output must cast it back instead of failing."""
+    model = tiny_model(topology, seed=1)
+    blueprints = ("norm", "depthwise") if topology == Topology.CNN else ("norm", "attention")
+    for i, stage in enumerate((SeedStage.TRAINING, SeedStage.HOLDING)):
+        slot = model.slot_ids[i]
+        germinate(model, slot, blueprints[i], style)
+        drive_to(model, slot, stage)
+        perturb_seed(model, slot, seed=i)
+    x = sample_input(topology, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    out.float().logsumexp(-1).mean().backward()
+    assert out.dtype == torch.bfloat16
+    assert any(p.grad is not None for p in model.seed_parameters(model.slot_ids[0]))
+    model.eval()
+    alphas = torch.stack([model.current_alphas(), torch.zeros(len(model.slot_ids))])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = model.fused_forward(x, alphas)
+    assert fused.dtype == torch.bfloat16 and fused.shape[:2] == (2, 3)

@@ -48,6 +48,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="testing aid, repeatable: nan:env=E,round=R,step=S | policy_nan:round=R | "
         "data_error:round=R,step=S",
     )
+    parser.add_argument(
+        "--report",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="after the run, write the analysis HTML report (default <run dir>/report.html); "
+        "same as `esper analyze report`",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -88,8 +88,22 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
             markup=False,
         )
         return EXIT_FAILED
-    _print_summary(result, Console())
+    out = Console()
+    _print_summary(result, out)
+    if args.report is not None:
+        _write_report(result, args.report, out)
     return 0
+
+
+def _write_report(r: TrainResult, target: str, console: Console) -> None:
+    """Hand the finished run to the analysis layer (it reads only the Parquet events)."""
+    if r.run_dir is None:
+        console.print("no report: telemetry level is off, so there is no run directory")
+        return
+    from esper_analysis import load_run, write_report
+
+    path = write_report(load_run(r.run_dir), target or r.run_dir / "report.html")
+    console.print(f"report: {path}")
 
 
 def _print_summary(r: TrainResult, console: Console) -> None:
@@ -111,6 +125,5 @@ def _print_summary(r: TrainResult, console: Console) -> None:
     )
     if r.run_dir is not None:
         console.print(f"run directory: {r.run_dir}")
-        console.print(f"report: esper analyze report {r.run_dir} -o {r.run_dir}/report.html")
     if r.checkpoint is not None:
         console.print(f"checkpoint: {r.checkpoint}")

@@ -55,7 +55,12 @@ def blend(
     alpha: float | Tensor,
     gate: BlendGate | None = None,
 ) -> Tensor:
-    """Mix ``s`` into ``h`` with operator ``op`` at strength ``alpha``."""
+    """Mix ``s`` into ``h`` with operator ``op`` at strength ``alpha``.
+
+    ``s`` is cast to ``h``'s dtype: under autocast a seed may return float32 (e.g. after
+    a norm layer) while the host stream is float16, and the output keeps the host dtype.
+    """
+    s = s.to(h.dtype)
     if op == BlendOp.ADD:
         return torch.lerp(h, s, _as_weight(alpha, h))
     if op == BlendOp.MULTIPLY:
@@ -70,4 +75,5 @@ def blend(
 
 def straight_through(h: Tensor, s: Tensor) -> Tensor:
     """TRAINING: numerically ``h``, but ``s`` receives the gradient that ``h`` gets."""
+    s = s.to(h.dtype)
     return h + (s - s.detach())

@@ -23,6 +23,24 @@ KERNEL = 3
 PADDING = 1
 
 
+class SeedGroupNorm(nn.GroupNorm):
+    """GroupNorm that hands the CPU kernel a contiguous (NCHW) tensor.
+
+    Works around a torch CPU bug (seen in 2.13): GroupNorm's backward segfaults on a
+    channels_last input that does not require grad, which is exactly a TRAINING seed
+    reading the detached host activation. The copy is skipped when not needed.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.device.type == "cpu" and not x.is_contiguous():
+            x = x.contiguous()
+        return super().forward(x)
+
+
+def group_norm(channels: int) -> SeedGroupNorm:
+    return SeedGroupNorm(norm_groups(channels), channels)
+
+
 def norm_groups(channels: int) -> int:
     """Largest divisor of ``channels`` not above MAX_NORM_GROUPS."""
     return max(g for g in range(1, MAX_NORM_GROUPS + 1) if channels % g == 0)
@@ -51,7 +69,7 @@ class NormSeed(ResidualSeed):
 
     def __init__(self, channels: int) -> None:
         super().__init__()
-        self.body = zero_init(nn.GroupNorm(norm_groups(channels), channels))
+        self.body = zero_init(group_norm(channels))
 
 
 class SqueezeExciteSeed(nn.Module):
@@ -89,7 +107,7 @@ class DepthwiseSeed(ResidualSeed):
         super().__init__()
         self.body = nn.Sequential(
             _conv3(channels, channels, groups=channels),
-            nn.GroupNorm(norm_groups(channels), channels),
+            group_norm(channels),
             nn.ReLU(),
             zero_init(nn.Conv2d(channels, channels, 1)),
         )
@@ -103,10 +121,10 @@ class BottleneckSeed(ResidualSeed):
         hidden = _hidden(channels, BOTTLENECK_REDUCTION)
         self.body = nn.Sequential(
             nn.Conv2d(channels, hidden, 1, bias=False),
-            nn.GroupNorm(norm_groups(hidden), hidden),
+            group_norm(hidden),
             nn.ReLU(),
             _conv3(hidden, hidden),
-            nn.GroupNorm(norm_groups(hidden), hidden),
+            group_norm(hidden),
             nn.ReLU(),
             zero_init(nn.Conv2d(hidden, channels, 1)),
         )
@@ -132,7 +150,7 @@ class ConvHeavySeed(ResidualSeed):
         super().__init__()
         self.body = nn.Sequential(
             _conv3(channels, channels),
-            nn.GroupNorm(norm_groups(channels), channels),
+            group_norm(channels),
             nn.ReLU(),
             zero_init(_conv3(channels, channels)),
         )

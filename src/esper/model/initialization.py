@@ -74,7 +74,8 @@ def init_module(module: nn.Module, generator: torch.Generator) -> None:
         if own and all(id(t) in seen for t in own):
             continue
         seen.update(id(t) for t in own)
-        rule = _RULES.get(type(sub))
+        # Subclasses (e.g. SeedGroupNorm) follow the rule of their nearest listed base.
+        rule = next((_RULES[t] for t in type(sub).__mro__ if t in _RULES), None)
         if rule is not None:
             rule(sub, generator)
         elif own:

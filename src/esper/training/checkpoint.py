@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,16 @@ from esper.config import Config
 from esper.errors import CheckpointError
 
 CHECKPOINT_FORMAT = 1
+#: The line of torch's refusal that names the offending global, without the advice to
+#: retry with ``weights_only=False`` (which would execute the payload).
+#: Entries :func:`esper.training.run.train` reads, with their types.
+_REQUIRED: dict[str, type] = {
+    "run_id": str,
+    "next_round": int,
+    "seq_position": int,
+    "learner": dict,
+}
+_UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]*?)(?: was not an allowed|\.?\n|$)")
 
 
 def compat_fingerprint(cfg: Config) -> str:
@@ -58,13 +69,19 @@ def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
-            f"{p}: refused to load (not a plain-tensor checkpoint; weights_only=True): "
-            f"{str(exc).splitlines()[0]}"
+            f"{p}: refused to load ({_unpickler_reason(exc)}): checkpoints are loaded with "
+            "weights_only=True and may only hold tensors and plain data; this file carries "
+            "pickled Python objects or is corrupt"
         ) from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"{p}: corrupt or truncated checkpoint: {exc}") from None
+    except Exception as exc:  # torch's zip/pickle readers fail in many ways on bad bytes
+        raise CheckpointError(
+            f"{p}: corrupt or truncated checkpoint: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{p}: not an Esper checkpoint (format {CHECKPOINT_FORMAT})")
+    missing = [k for k, t in _REQUIRED.items() if not isinstance(state.get(k), t)]
+    if missing:
+        raise CheckpointError(f"{p}: incomplete checkpoint (missing or bad: {', '.join(missing)})")
     theirs = state.get("compat")
     ours = compat_fingerprint(cfg)
     if theirs != ours:
@@ -73,6 +90,12 @@ def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
             f"differences: {_config_diff(theirs, ours)}"
         )
     return state
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    """The specific refusal from torch's long message (which also advises unsafe loading)."""
+    match = _UNPICKLER_REASON.search(str(exc))
+    return match.group(1).strip() if match else type(exc).__name__
 
 
 def _config_diff(theirs: Any, ours: str) -> str:

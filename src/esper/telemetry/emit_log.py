@@ -1,0 +1,78 @@
+"""Test hook: an emission side channel, so crash tests can prove what a kill lost.
+
+With ``ESPER_EMIT_LOG=<path>`` set, the trainer's hub is wrapped at open time by
+:class:`EmitLogHub`, which appends one ``"<seq> <ts_ns>\\n"`` line per *recorded* event
+(filtered events never get a ``seq`` and are not logged) with an unbuffered ``write``,
+so the log survives a ``kill -9`` up to the event being emitted. A test then compares
+the log with what the analysis layer recovers from disk. When the variable is unset the
+real hub is returned unchanged: the hot path pays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from esper.core.enums import RunStatus, TelemetryLevel
+from esper.telemetry.events import Event
+from esper.telemetry.hub import UNSTAMPED_SEQ, Hub
+
+EMIT_LOG_ENV: Final = "ESPER_EMIT_LOG"
+
+
+class EmitLogHub(Hub):
+    """Delegates everything to ``inner``; logs ``seq`` and ``ts_ns`` of each recorded event."""
+
+    def __init__(self, inner: Hub, path: str | os.PathLike[str]) -> None:
+        # Deliberately not calling Hub.__init__: every piece of state lives in ``inner``.
+        self._inner = inner
+        self.run_id = inner.run_id
+        self.rank = inner.rank
+        self.run_dir = inner.run_dir
+        self._fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @property  # type: ignore[override]
+    def level(self) -> TelemetryLevel:
+        return self._inner.level
+
+    @level.setter
+    def level(self, value: TelemetryLevel) -> None:
+        self._inner.level = value
+
+    def enabled(self, level: TelemetryLevel) -> bool:
+        return self._inner.enabled(level)
+
+    def emit(self, event: Event) -> None:
+        self._inner.emit(event)
+        if event.seq != UNSTAMPED_SEQ and self._fd >= 0:
+            os.write(self._fd, f"{event.seq} {event.ts_ns}\n".encode())
+
+    @property
+    def next_seq(self) -> int:
+        return self._inner.next_seq
+
+    @property
+    def events_emitted(self) -> int:
+        return self._inner.events_emitted
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        try:
+            self._inner.close(status, error)
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def with_emit_log(hub: Hub) -> Hub:
+    """``hub`` wrapped by :class:`EmitLogHub` when ``ESPER_EMIT_LOG`` is set, else ``hub``."""
+    path = os.environ.get(EMIT_LOG_ENV)
+    return EmitLogHub(hub, path) if path else hub
