@@ -138,7 +138,10 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     run_id: str = ""
     counterfactual_factorial: bool = True
     checkpoint_every: NonNegative = 1
-    torch_threads: NonNegative = 0
+    #: Intra-op CPU threads (0 = torch's default). Per-env kernels are tiny, so extra
+    #: threads cost more in synchronisation than they win (10x slower with 2 threads on
+    #: the 2-core reference machine); see docs/performance.md.
+    torch_threads: NonNegative = 1
 
 
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

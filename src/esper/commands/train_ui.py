@@ -16,6 +16,7 @@ from rich.table import Table
 
 from esper.config import Config
 from esper.errors import UserError
+from esper.telemetry.writer import TelemetryWriteError
 from esper.training.faults import FaultPlan, parse_fault
 from esper.training.run import TrainResult, train
 from esper.training.trainer import RoundSummary, StepProgress
@@ -81,11 +82,20 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
     except Exception as exc:  # a failed run: say what and where the data is
         if os.environ.get("ESPER_TRACEBACK"):
             traceback.print_exc()
-        console.print(f"error: training failed: {type(exc).__name__}: {exc}", markup=False)
+        # soft_wrap: one line per message whatever the terminal width (logs, grep)
         console.print(
-            "telemetry was flushed and a checkpoint of the last completed round saved; "
+            f"error: training failed: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True
+        )
+        saved = (
+            "the events written before the failure are intact"
+            if isinstance(exc, TelemetryWriteError)
+            else "telemetry was flushed"
+        )
+        console.print(
+            f"{saved} and a checkpoint of the last completed round saved; "
             "set ESPER_TRACEBACK=1 for the traceback",
             markup=False,
+            soft_wrap=True,
         )
         return EXIT_FAILED
     out = Console()

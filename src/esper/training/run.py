@@ -146,23 +146,25 @@ def _run_rounds(
         status, error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if status != RunStatus.FINISHED:
-            _checkpoint(cfg, learner, hub, ckpt_path, next_round)
         wall = time.perf_counter() - t0
         env_steps = trainer.state.env_steps
-        hub.emit(
-            ev.RunFinished(
-                status=status.value,
-                rounds_completed=next_round - start_round,
-                env_steps=env_steps,
-                wall_s=wall,
-                eps=env_steps / wall if wall > 0 else 0.0,
-                events_emitted=hub.events_emitted + 1,
-                rollbacks=trainer.state.rollbacks,
-                error=error,
+        try:  # a failed telemetry writer makes these emits raise: still close the hub
+            if status != RunStatus.FINISHED:
+                _checkpoint(cfg, learner, hub, ckpt_path, next_round)
+            hub.emit(
+                ev.RunFinished(
+                    status=status.value,
+                    rounds_completed=next_round - start_round,
+                    env_steps=env_steps,
+                    wall_s=wall,
+                    eps=env_steps / wall if wall > 0 else 0.0,
+                    events_emitted=hub.events_emitted + 1,
+                    rollbacks=trainer.state.rollbacks,
+                    error=error,
+                )
             )
-        )
-        hub.close(status, error)
+        finally:
+            hub.close(status, error)
     return TrainResult(
         run_id=cfg.run.run_id,
         run_dir=run_dir,

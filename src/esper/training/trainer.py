@@ -149,6 +149,7 @@ class VectorizedTrainer:
             seed=cfg.run.seed,
             samples_per_env=cfg.task.train_samples_per_env,
             device=self.factory.devices[0],
+            channels_last=cfg.task.channels_last,
         )
         self.val = val_batches(
             task.val_x,
@@ -156,6 +157,7 @@ class VectorizedTrainer:
             cfg.task.batch_size * 4,
             limit=cfg.task.val_samples,
             device=self.factory.devices[0],
+            channels_last=cfg.task.channels_last,
         )
         self.initiator = (
             Initiator.HEURISTIC if cfg.policy.kind == PolicyKind.HEURISTIC else Initiator.POLICY
