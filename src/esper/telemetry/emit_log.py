@@ -32,7 +32,7 @@ class EmitLogHub(Hub):
         self.run_dir = inner.run_dir
         self._fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    @property  # type: ignore[override]
+    @property
     def level(self) -> TelemetryLevel:
         return self._inner.level
 

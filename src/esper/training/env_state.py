@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from esper.core.records import (
+    REWARD_COMPONENTS,
     LifecycleRecord,
+    RewardBreakdown,
     SeedFossilizedRecord,
     SeedGerminatedRecord,
     SeedPrunedRecord,
+    make_breakdown,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +46,24 @@ class EpisodeStats:
             self.seeds_fossilized += 1
         elif isinstance(rec, SeedPrunedRecord):
             self.seeds_pruned += 1
+
+
+@dataclass
+class PendingReward:
+    """A step's reward, emitted one step late: the next step's governor check may still
+    put a rollback penalty on this transition (see :meth:`EnvState.penalize_last_reward`)."""
+
+    breakdown: RewardBreakdown
+    op: str
+    normalized: float
+    step: int
+
+
+def with_rollback_penalty(br: RewardBreakdown, penalty: float) -> RewardBreakdown:
+    """``br`` with ``penalty`` added to its rollback component (the total stays the sum)."""
+    components = {name: getattr(br, name) for name in REWARD_COMPONENTS}
+    components["rollback_penalty"] += penalty
+    return make_breakdown(**components)
 
 
 @dataclass
@@ -74,6 +95,10 @@ class EnvState:
     last_op: int = 0
     last_success: bool = True
     seed_counter: int = 0
+    #: The last step's reward, not yet emitted (``reward_computed`` lags one step).
+    pending_reward: PendingReward | None = None
+    #: A rollback penalty for a transition not computed yet (a panic at step 0).
+    carried_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.train_accum is None:
@@ -84,6 +109,15 @@ class EnvState:
         records = list(self.pending)
         self.pending.clear()
         return records
+
+    def penalize_last_reward(self, penalty: float) -> None:
+        """A rollback penalised the decision that led into the failed epoch: the pending
+        reward, or (panic at step 0, before any decision) the first one to come."""
+        if self.pending_reward is None:
+            self.carried_penalty += penalty
+        else:
+            pending = self.pending_reward
+            pending.breakdown = with_rollback_penalty(pending.breakdown, penalty)
 
     def next_seed_id(self) -> str:
         self.seed_counter += 1

@@ -214,21 +214,31 @@ def _default_checkpoint(cfg: Config, run_id: str) -> Path:
 
 
 def _checkpoint(cfg: Config, learner: Learner, hub: Hub, path: Path, next_round: int) -> None:
+    """Save; ``seq_position`` is the seq of this ``checkpoint_saved`` event.
+
+    Every event before it is flushed to disk first, so whenever the checkpoint exists the
+    events it covers are durable: a ``--continue-run`` resume after a kill restarts at
+    ``seq_position`` (cutting this event and anything later) without leaving a gap. The
+    checkpoint is written even when the flush fails (training state matters most).
+    """
     seq = hub.next_seq
-    size = save_checkpoint(
-        path,
-        {
-            "run_id": cfg.run.run_id,
-            "next_round": next_round,
-            "seq_position": seq + 1,
-            "config": cfg.to_json(),
-            "compat": compat_fingerprint(cfg),
-            "learner": learner.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        },
-    )
+    try:
+        hub.flush()
+    finally:
+        size = save_checkpoint(
+            path,
+            {
+                "run_id": cfg.run.run_id,
+                "next_round": next_round,
+                "seq_position": seq,
+                "config": cfg.to_json(),
+                "compat": compat_fingerprint(cfg),
+                "learner": learner.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+            },
+        )
     hub.emit(
-        ev.CheckpointSaved(path=str(path), bytes=size, next_round=next_round, seq_position=seq + 1)
+        ev.CheckpointSaved(path=str(path), bytes=size, next_round=next_round, seq_position=seq)
     )
 
 

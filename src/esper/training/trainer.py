@@ -51,7 +51,7 @@ from esper.training.counterfactual import (
     measurable_seeds,
 )
 from esper.training.env_factory import EnvFactory
-from esper.training.env_state import EnvState
+from esper.training.env_state import EnvState, PendingReward, with_rollback_penalty
 from esper.training.faults import FaultPlan, InjectedDataError
 from esper.training.learner import Learner
 from esper.training.rewards import compute_reward
@@ -269,6 +269,7 @@ class VectorizedTrainer:
         env.stats.rollbacks += 1
         env.stats.rollback_penalty += record.penalty
         env.stats.reward_sum += record.penalty
+        env.penalize_last_reward(record.penalty)  # its reward_computed shows it too
         self.state.rollbacks += 1
         self._emit_records(env, rnd, step)  # the seeds the rollback pruned
         emitters.emit_rollback(
@@ -351,6 +352,7 @@ class VectorizedTrainer:
         n_heads = len(HEAD_NAMES)
         terminal = step == self.horizon - 1
         normal = self.hub.enabled(TelemetryLevel.NORMAL)
+        self._emit_pending_rewards(envs, rnd)  # the previous step's, past its governor check
         raw: list[float] = []
         breakdowns = []
         for env, row in zip(envs, d.rows, strict=True):
@@ -386,19 +388,12 @@ class VectorizedTrainer:
                 )
         normalized = self.learner.record_step(step, d, raw, terminal=terminal)
         if normal:
-            family = self.cfg.reward.family.value
             for env, br, norm, row in zip(envs, breakdowns, normalized, d.rows, strict=True):
                 op = decode_action([int(v) for v in row[:n_heads]], self.space).op.name
-                emitters.emit_reward(
-                    self.hub,
-                    br,
-                    family=family,
-                    op=op,
-                    normalized=norm,
-                    rnd=rnd,
-                    env=env.index,
-                    step=step,
-                )
+                if env.carried_penalty:
+                    br = with_rollback_penalty(br, env.carried_penalty)
+                    env.carried_penalty = 0.0
+                env.pending_reward = PendingReward(br, op, norm, step)
         self.state.env_steps += self.n_envs
         times.action_ms += (time.perf_counter() - t0) * 1e3
 
@@ -423,6 +418,7 @@ class VectorizedTrainer:
             self.escalator.report(
                 detect_anomalies(metrics, target_kl=self.cfg.ppo.target_kl), rnd=rnd
             )
+        self._emit_pending_rewards(envs, rnd)
         for env in envs:
             self._emit_episode(env, rnd)
         wall = time.perf_counter() - t_start
@@ -439,6 +435,25 @@ class VectorizedTrainer:
         return summary
 
     # ------------------------------------------------------------------ events
+    def _emit_pending_rewards(self, envs: list[EnvState], rnd: int) -> None:
+        """``reward_computed`` lags one step so a rollback penalty reaches its event too."""
+        family = self.cfg.reward.family.value
+        for env in envs:
+            p = env.pending_reward
+            if p is None:
+                continue
+            env.pending_reward = None
+            emitters.emit_reward(
+                self.hub,
+                p.breakdown,
+                family=family,
+                op=p.op,
+                normalized=p.normalized,
+                rnd=rnd,
+                env=env.index,
+                step=p.step,
+            )
+
     def _emit_records(self, env: EnvState, rnd: int, step: int) -> None:
         for rec in env.drain_records():
             env.stats.count(rec)

@@ -1,0 +1,21 @@
+"""Documentation cannot silently fall behind the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from esper.config import Config
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+
+
+def test_every_config_key_is_documented() -> None:
+    text = DOC.read_text()
+    cfg = Config()
+    missing = [
+        f"{section}.{key}"
+        for section in Config.__struct_fields__
+        for key in type(getattr(cfg, section)).__struct_fields__
+        if f"`{section}.{key}`" not in text
+    ]
+    assert not missing, f"docs/config.md lacks: {missing}"
