@@ -77,8 +77,11 @@ def _finite(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
 
 
-def nice_ticks(lo: float, hi: float, n: int = _TICKS) -> list[float]:
-    """Round tick values covering ``[lo, hi]`` (1, 2, 2.5 or 5 times a power of ten)."""
+def nice_ticks(lo: float, hi: float, n: int = _TICKS, *, integer: bool = False) -> list[float]:
+    """Round tick values covering ``[lo, hi]`` (1, 2, 2.5 or 5 times a power of ten).
+
+    ``integer`` keeps ticks on whole numbers (rounds, steps): no "round 0.5".
+    """
     if not (_finite(lo) and _finite(hi)):
         return []
     if hi <= lo:
@@ -86,6 +89,8 @@ def nice_ticks(lo: float, hi: float, n: int = _TICKS) -> list[float]:
     raw = (hi - lo) / max(1, n)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if integer:
+        step = max(1.0, float(math.ceil(step)))
     first = math.floor(lo / step + 1e-9)
     last = math.ceil(hi / step - 1e-9)
     return [round(k * step, 12) for k in range(first, last + 1)]
@@ -127,9 +132,10 @@ class _Frame:
         width: int,
         height: int,
         legend: bool = False,
+        integer_x: bool = False,
     ) -> None:
         self.width, self.height = width, height
-        self.xt = nice_ticks(*x_range)
+        self.xt = nice_ticks(*x_range, integer=integer_x)
         self.yt = nice_ticks(*y_range)
         self.x0, self.x1 = (self.xt[0], self.xt[-1]) if len(self.xt) > 1 else x_range
         self.y0, self.y1 = (self.yt[0], self.yt[-1]) if len(self.yt) > 1 else y_range
@@ -224,6 +230,7 @@ def line_chart(
         width=width,
         height=height,
         legend=len(drawn) > 1,
+        integer_x=all(float(x).is_integer() for x in xs_all),
     )
     body = frame.axes(title, x_label, y_label)
     colors = []
@@ -306,6 +313,7 @@ def stacked_bars(
         width=width,
         height=height,
         legend=True,
+        integer_x=all(float(x).is_integer() for x in xs),
     )
     body = frame.axes(title, x_label, y_label)
     bar_w = max((frame.px(xs[0] + step) - frame.px(xs[0])) * 0.9, 1.0)

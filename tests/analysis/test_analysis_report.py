@@ -138,3 +138,11 @@ def test_report_renders_with_plots_in_headless_chromium(scripted_run: Path, tmp_
         assert close > 50, f"colour {color} is not drawn ({close} pixels)"
     top = pixels[: WINDOW[1] // 3]
     assert top.std() > 10, "the top third (learning curve) shows no variation"
+
+
+def test_integer_axes_get_whole_number_ticks() -> None:
+    from esper_analysis.svg import nice_ticks
+
+    assert nice_ticks(0, 2, integer=True) == [0, 1, 2]
+    assert all(float(t).is_integer() for t in nice_ticks(0, 29, integer=True))
+    assert 0.5 in nice_ticks(0, 2)  # continuous axes keep fine ticks

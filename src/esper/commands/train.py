@@ -93,6 +93,18 @@ def run(args: argparse.Namespace) -> int:
 
 def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
     cfg = build_config(args, kind)
+    _check_cheap_inputs(cfg, args)
     from esper.commands.train_ui import run_training  # imports torch
 
     return run_training(cfg, args)
+
+
+def _check_cheap_inputs(cfg: Config, args: argparse.Namespace) -> None:
+    """Fail on a bad run id or fault spec before paying for the torch import."""
+    from esper.telemetry.paths import validate_run_id
+    from esper.training.faults import parse_fault
+
+    if cfg.run.run_id:
+        validate_run_id(cfg.run.run_id)
+    for spec in args.inject_fault:
+        parse_fault(spec)

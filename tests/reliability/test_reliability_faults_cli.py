@@ -1,0 +1,236 @@
+"""Faults through the real ``esper train`` CLI: NaN in one env, NaN in the policy loss,
+a data-loader error, a full disk under the telemetry writer, and Ctrl-C.
+
+Each failure must be clear (one ``error:``/``interrupted`` line, no traceback), lose no
+recorded event, leave a readable run that says what happened, and keep a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from _reliability_support import (
+    N_ENVS,
+    PROCESS_TIMEOUT_S,
+    checkpoint_position,
+    cli_env,
+    manifest,
+    read_emit_log,
+    rows,
+    run_esper,
+    run_seqs,
+    start_esper,
+    train_args,
+    wait_for,
+    write_small_config,
+)
+
+from esper.core.enums import RunStatus
+from esper.telemetry.emit_log import EMIT_LOG_ENV
+from esper_analysis import load_run
+
+NAN_ENV, NAN_ROUND, NAN_STEP = 1, 1, 2
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-round run with NaN in env 1's host loss (round 1) and in round 0's PPO loss."""
+    root = tmp_path_factory.mktemp("faulted")
+    config = write_small_config(root)
+    args = train_args(
+        config,
+        root / "tel",
+        "faulted",
+        "--inject-fault",
+        f"nan:env={NAN_ENV},round={NAN_ROUND},step={NAN_STEP}",
+        "--inject-fault",
+        "policy_nan:round=0",
+        rounds=2,
+    )
+    proc = run_esper(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return root / "tel" / "faulted"
+
+
+def _analyze(kind: str, run_dir: Path) -> dict:
+    proc = run_esper(["analyze", kind, str(run_dir), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_nan_in_one_env_rolls_back_that_env_only(faulted: Path) -> None:
+    rb = rows(faulted, "governor_rollback")
+    assert rb.height == 1
+    row = rb.row(0, named=True)
+    assert (row["env"], row["round"], row["step"]) == (NAN_ENV, NAN_ROUND, NAN_STEP)
+    assert row["reason"] == "non_finite_loss"
+    episodes = {
+        (r["round"], r["env"]): r["rollbacks"]
+        for r in rows(faulted, "episode_finished").iter_rows(named=True)
+    }
+    assert episodes == {
+        (rnd, env): int((rnd, env) == (NAN_ROUND, NAN_ENV))
+        for rnd in range(2)
+        for env in range(N_ENVS)
+    }
+
+
+def test_rollback_reaches_the_buffer_and_the_episode(faulted: Path) -> None:
+    audit = _analyze("rollbacks", faulted)
+    assert audit["summary"]["count"] == 1
+    assert audit["summary"]["buffer_checked"] is True
+    assert audit["summary"]["all_reached_buffer"] is True, audit["rollbacks"]
+    assert audit["summary"]["all_reached_episode"] is True, audit["rollbacks"]
+    assert audit["problems"] == []
+    # The penalised transition's reward event carries the penalty and the episode
+    # return equals the sum of its reward events.
+    rewards = _analyze("rewards", faulted)
+    assert rewards["summary"]["flagged_rows"] == 0
+    for ep in rewards["by_episode"]:
+        assert ep["total"] == pytest.approx(ep["episode_reward_reported"], abs=1e-6), ep
+
+
+def test_policy_nan_skips_the_update_and_training_continues(faulted: Path) -> None:
+    updates = rows(faulted, "ppo_update").sort("round")
+    assert updates["round"].to_list() == [0, 1]
+    assert updates["skipped"].to_list() == [True, False]
+    assert "non-finite" in updates["skip_reason"][0]
+    anomalies = rows(faulted, "anomaly_detected")
+    assert "non_finite_loss" in anomalies["kind"].to_list()
+    finished = rows(faulted, "run_finished")
+    assert finished["status"].to_list() == ["finished"]
+    assert finished["rounds_completed"].to_list() == [2]
+    assert _analyze("ppo", faulted)["summary"]["skipped"] == 1
+
+
+def test_data_loader_error_fails_clearly_flushes_and_checkpoints(tmp_path: Path) -> None:
+    config = write_small_config(tmp_path)
+    log = tmp_path / "emitted.txt"
+    args = train_args(
+        config, tmp_path / "tel", "dataerr", "--inject-fault", "data_error:round=1,step=1", rounds=3
+    )
+    proc = run_esper(args, env=cli_env(**{EMIT_LOG_ENV: str(log)}))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "InjectedDataError" in errors[0] and "round 1" in errors[0]
+    run_dir = tmp_path / "tel" / "dataerr"
+    run = load_run(run_dir)
+    assert run.status is RunStatus.FAILED
+    assert manifest(run_dir)["status"] == "failed"
+    finished = rows(run_dir, "run_finished")
+    assert finished["status"].to_list() == ["failed"]
+    assert "InjectedDataError" in finished["error"][0]
+    # Flushed: every event the process recorded is on disk, as one gapless sequence.
+    seqs = run_seqs(run)
+    emitted = {seq for seq, _ in read_emit_log(log)}
+    assert emitted and emitted <= set(seqs)
+    assert seqs == list(range(len(seqs)))
+    steps = rows(run_dir, "env_step").filter(round=1)
+    assert sorted(steps["step"].to_list()) == [0] * N_ENVS  # step 0 done, step 1 failed
+    assert checkpoint_position(run_dir / "checkpoint.pt")[1] == 1  # last completed round
+
+
+def test_disk_full_under_the_writer_is_a_clear_error_and_corrupts_nothing(
+    tmp_path: Path,
+) -> None:
+    """ENOSPC without privileges: the writer's first temporary file for round_finished is
+    a symlink to /dev/full, so the first flush after round 0 fails with a full disk."""
+    full = Path("/dev/full")
+    if not full.exists():
+        pytest.skip("/dev/full is not available")
+    config = write_small_config(tmp_path)
+    run_dir = tmp_path / "tel" / "full"
+    trap = run_dir / "events" / "round_finished" / "rank=0" / ".part-000000.parquet.tmp"
+    trap.parent.mkdir(parents=True)
+    trap.symlink_to(full)
+    proc = run_esper(train_args(config, tmp_path / "tel", "full", rounds=4))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "warning:" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "No space left on device" in errors[0] and "round_finished" in errors[0]
+    # Nothing corrupted: a complete manifest that says failed and why, every part file
+    # readable, no temporary files left, and the analysis layer reads the run.
+    m = manifest(run_dir)
+    assert m["status"] == "failed" and "No space left on device" in m["error"]
+    parts = sorted((run_dir / "events").rglob("*.parquet"))
+    assert parts
+    for part in parts:
+        pq.read_table(part)
+    assert not [p for p in (run_dir / "events").rglob("*") if p.name.endswith(".tmp")]
+    run = load_run(run_dir)
+    assert run.status is RunStatus.FAILED
+    assert run.rows_on_disk("run_started") == 1
+    seqs = run_seqs(run)
+    assert seqs == list(range(len(seqs)))
+    assert checkpoint_position(run_dir / "checkpoint.pt")[0] == "full"
+    counts = run_esper(["analyze", "counts", str(run_dir)])
+    assert counts.returncode == 0, counts.stderr
+
+
+@pytest.mark.parametrize(
+    ("make_dir", "needle"),
+    [
+        (lambda tmp: tmp / "a-file", "not a directory"),
+        (lambda tmp: tmp / "a-file" / "below", "not a directory"),
+        (lambda tmp: Path("/proc/esper-telemetry"), "/proc/esper-telemetry"),
+    ],
+    ids=["dir-is-a-file", "below-a-file", "under-proc"],
+)
+def test_unwritable_telemetry_directory_is_a_clear_user_error(
+    tmp_path: Path, make_dir, needle: str
+) -> None:
+    """Tests may run as root, so permissions would not block: these paths fail for root."""
+    from _reliability_support import assert_user_error
+
+    (tmp_path / "a-file").write_text("not a directory\n")
+    config = write_small_config(tmp_path)
+    tel = make_dir(tmp_path)
+    proc = run_esper(train_args(config, tel, "x", rounds=1))
+    assert_user_error(proc, "cannot create the run directory", needle)
+    assert (tmp_path / "a-file").read_text() == "not a directory\n"
+    assert not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_flushes_checkpoints_and_exits_130(tmp_path: Path) -> None:
+    config = write_small_config(tmp_path)
+    log = tmp_path / "emitted.txt"
+    run_dir = tmp_path / "tel" / "sigint"
+    proc = start_esper(
+        train_args(config, tmp_path / "tel", "sigint", rounds=200),
+        env=cli_env(**{EMIT_LOG_ENV: str(log)}),
+    )
+    try:
+        wait_for((run_dir / "checkpoint.pt").exists, proc, "first checkpoint", 180)
+        time.sleep(random.Random(5).uniform(0.0, 1.0))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        "interrupted: telemetry flushed and checkpoint saved"
+    ]
+    run = load_run(run_dir)
+    assert run.status is RunStatus.INTERRUPTED
+    assert manifest(run_dir)["status"] == "interrupted"
+    assert rows(run_dir, "run_finished")["status"].to_list() == ["interrupted"]
+    seqs = run_seqs(run)
+    emitted = {seq for seq, _ in read_emit_log(log)}
+    assert emitted <= set(seqs), "Ctrl-C must lose nothing that was recorded"
+    assert seqs == list(range(len(seqs)))
+    run_id, next_round, seq_position = checkpoint_position(run_dir / "checkpoint.pt")
+    assert run_id == "sigint" and next_round >= 1
+    saved = rows(run_dir, "checkpoint_saved").sort("seq")
+    assert saved["seq_position"][-1] == seq_position  # the interrupt's own checkpoint
