@@ -19,6 +19,7 @@ are read once per epoch (one sync, as any loop that looks at its validation accu
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import tempfile
@@ -92,6 +93,9 @@ class Measurement:
     wall_s: float
     env_steps: int
     phases_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Events the run wrote and the bytes of its run directory (trainer with telemetry).
+    events: int = 0
+    bytes_on_disk: int = 0
 
 
 def bench_config(
@@ -157,6 +161,16 @@ def _round_phases(run_dir: Path | None) -> dict[str, float]:
     return {c.removesuffix("_ms"): float(frame[c].sum()) for c in cols}
 
 
+def _telemetry_size(run_dir: Path | None) -> tuple[int, int]:
+    """(events written, bytes of Parquet + manifests) of a closed run directory."""
+    if run_dir is None or not (run_dir / "manifest.json").exists():
+        return 0, 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    events = int(manifest.get("writer", {}).get("events_written", 0))
+    files = [*run_dir.rglob("*.parquet"), *run_dir.glob("manifest*.json")]
+    return events, sum(f.stat().st_size for f in files)
+
+
 def run_trainer(cfg: Config, data: TaskData, *, scratch: Path | None = None) -> Measurement:
     """One ``train()`` run into a throw-away telemetry directory."""
     tmp = Path(tempfile.mkdtemp(prefix="esper-bench-", dir=scratch))
@@ -166,7 +180,8 @@ def run_trainer(cfg: Config, data: TaskData, *, scratch: Path | None = None) -> 
         phases = _round_phases(result.run_dir)
         if phases:
             phases["other"] = max(0.0, result.wall_s * 1e3 - sum(phases.values()))
-        return Measurement(result.eps, result.wall_s, result.env_steps, phases)
+        events, size = _telemetry_size(result.run_dir)
+        return Measurement(result.eps, result.wall_s, result.env_steps, phases, events, size)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

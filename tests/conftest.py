@@ -1,8 +1,10 @@
-"""Shared test configuration: hypothesis profile and the ``browser`` marker policy."""
+"""Shared test configuration: hypothesis profile, torch threads, ``browser`` markers."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _single_intra_op_thread() -> Iterator[None]:
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine the
+    spinning workers make each op orders of magnitude slower. Applied only when torch is
+    already imported, so torch-free tests stay torch-free; restored after each test."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

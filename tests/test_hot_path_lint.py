@@ -23,6 +23,8 @@ HOT_MODULES = [
     "training/emitters.py",
     "policy/features.py",
     "policy/masks.py",
+    "policy/network.py",
+    "policy/heuristic.py",
 ]
 SYNC_METHODS = {"item", "cpu", "tolist", "numpy"}
 LOOPS = (

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
 from esper.telemetry.events import SCHEMA_VERSION
+from esper.telemetry.manifest import pid_alive
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
 from esper_analysis.schema import empty_frame, event_schema, known_event_types
 
@@ -242,18 +243,6 @@ def _parse_status(value: Any) -> RunStatus | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> RunStatus | None:
     """The manifest's status, with a stale ``running`` (dead producer) as ``crashed``.
 
@@ -265,7 +254,7 @@ def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> R
         return status
     pid = _as_int(manifest.get("pid"))
     same_host = manifest.get("hostname") == socket.gethostname()
-    if same_host and pid is not None and not _pid_alive(pid):
+    if same_host and pid is not None and not pid_alive(pid):
         return RunStatus.CRASHED
     beat = _as_int(manifest.get("heartbeat_ns"))
     if beat is None:

@@ -9,6 +9,8 @@ reference numbers are listed in ``docs/config.md``.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +24,10 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+#: Seeds are offset by round/env strides before reaching torch's int64 generators.
+MAX_SEED = 2**32 - 1
+Seed = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)]
+DEVICE_PATTERN = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
 class ConfigError(UserError):
@@ -130,7 +136,7 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     n_envs: Positive = 4
     rounds: Positive = 3
     episode_length: Positive = 20
-    seed: int = 0
+    seed: Seed = 0
     device: str = "cpu"
     #: Devices for envs, round-robin (empty: all envs on ``device``).
     env_devices: list[str] = msgspec.field(default_factory=list)
@@ -175,11 +181,25 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("$.telemetry.escalation_rounds: must be >= 0")
     if cfg.ppo.entropy_coef_floor > cfg.ppo.entropy_coef:
         raise ConfigError("$.ppo.entropy_coef_floor: must not exceed $.ppo.entropy_coef")
-    if cfg.run.device.split(":")[0] not in ("cpu", "cuda"):
-        raise ConfigError(f"$.run.device: expected cpu or cuda[:k], got {cfg.run.device!r}")
+    for where, device in [("$.run.device", cfg.run.device)] + [
+        (f"$.run.env_devices[{i}]", d) for i, d in enumerate(cfg.run.env_devices)
+    ]:
+        if DEVICE_PATTERN.fullmatch(device) is None:
+            raise ConfigError(f"{where}: expected cpu, cuda or cuda:<index>, got {device!r}")
+    _check_finite(cfg)
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
     return cfg
+
+
+def _check_finite(cfg: Config) -> None:
+    """TOML accepts ``inf`` and ``nan``; no setting means anything with them."""
+    for section in Config.__struct_fields__:
+        values = getattr(cfg, section)
+        for name in type(values).__struct_fields__:
+            value = getattr(values, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"$.{section}.{name}: must be a finite number, got {value}")
 
 
 def _convert_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
@@ -192,7 +212,10 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
         cfg = msgspec.convert(data, Config, strict=True)
     except msgspec.ValidationError as exc:
         raise _convert_error(exc, source) from None
-    return _validate(cfg)
+    try:
+        return _validate(cfg)
+    except ConfigError as exc:  # name the file, like the decoding errors do
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_config(path: str | Path) -> Config:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-
-from esper.telemetry.emit_log import EMIT_LOG_ENV
 from esper_analysis import Run, load_run
 from esper_analysis.schema import known_event_types
+
+from esper.telemetry.emit_log import EMIT_LOG_ENV
 
 N_ENVS = 2
 EPISODE_LENGTH = 4

@@ -30,10 +30,10 @@ from _reliability_support import (
     wait_for,
     write_small_config,
 )
+from esper_analysis import load_run
 
 from esper.core.enums import RunStatus
 from esper.telemetry.emit_log import EMIT_LOG_ENV
-from esper_analysis import load_run
 
 NAN_ENV, NAN_ROUND, NAN_STEP = 1, 1, 2
 

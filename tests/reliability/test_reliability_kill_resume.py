@@ -32,10 +32,10 @@ from _reliability_support import (
     wait_for,
     write_small_config,
 )
+from esper_analysis import event_counts, load_run, load_runs
 
 from esper.core.enums import RunStatus
 from esper.telemetry.emit_log import EMIT_LOG_ENV
-from esper_analysis import event_counts, load_run, load_runs
 
 FLUSH_INTERVAL_S = 0.25
 #: The killed run is long enough never to finish before the kill.

@@ -141,7 +141,7 @@ def effective_status(manifest: Manifest, *, now_ns: int | None = None) -> RunSta
     status = RunStatus(manifest.status)
     if status is not RunStatus.RUNNING:
         return status
-    if manifest.hostname == socket.gethostname() and not _pid_alive(manifest.pid):
+    if manifest.hostname == socket.gethostname() and not pid_alive(manifest.pid):
         return RunStatus.CRASHED
     now = time.time_ns() if now_ns is None else now_ns
     stale_s = max(MIN_STALE_S, STALE_INTERVALS * manifest.flush_interval_s)
@@ -150,7 +150,7 @@ def effective_status(manifest: Manifest, *, now_ns: int | None = None) -> RunSta
     return status
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process with this id exists on this host (signal 0 probes only)."""
     try:
         os.kill(pid, 0)

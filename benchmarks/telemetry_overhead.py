@@ -1,0 +1,112 @@
+"""Telemetry overhead: trainer EPS at levels off, lifecycle, normal and debug, in one run.
+
+The same trainer workload (a preset of :mod:`_trainer`, digits with 4 envs by default)
+runs once per level per repeat; the order of the levels rotates from repeat to repeat,
+and the median EPS of each level is compared with the median at ``off`` (no hub at all:
+``open_run`` returns a ``NullHub``). Target: normal / off >= 0.97.
+
+    python benchmarks/telemetry_overhead.py
+    python benchmarks/telemetry_overhead.py --task synthetic --n-envs 4 --repeats 7
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+import _trainer as T  # noqa: E402
+
+LEVELS = ("off", "lifecycle", "normal", "debug")
+DEFAULT_REPEATS = 5
+#: The issue's target for the normal level (EPS ratio against off).
+NORMAL_TARGET = 0.97
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    p = C.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--task", default="digits", choices=sorted(T.PRESETS))
+    p.add_argument("--n-envs", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--levels", type=C.csv_list(str), default=list(LEVELS))
+    args = p.parse_args(argv)
+    if "off" not in args.levels:
+        p.error("--levels must include off (the reference)")
+    args.repeats = args.repeats or (1 if args.quick else DEFAULT_REPEATS)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    info = C.machine_info(threads=args.threads)
+    C.print_machine(info)
+    configs = {
+        level: T.bench_config(
+            args.task, n_envs=args.n_envs, level=level, threads=args.threads, quick=args.quick
+        )
+        for level in args.levels
+    }
+    data = T.load_data(configs["off"])
+    if not args.quick:  # one unmeasured short run: first-call kernel setup
+        T.run_trainer(T.with_overrides(configs["off"], {"run.episode_length": 2}), data)
+    samples: dict[str, list[T.Measurement]] = {level: [] for level in args.levels}
+    for rep in range(args.repeats):
+        for level in C.alternate(args.levels, rep):
+            m = T.run_trainer(configs[level], data)
+            samples[level].append(m)
+            print(f"  rep {rep}: {level:9s} {m.eps:.2f} EPS, {m.events} events", flush=True)
+    off = C.median([m.eps for m in samples["off"]])
+    per_level: dict[str, Any] = {}
+    for level in args.levels:
+        ms = samples[level]
+        eps = C.median([m.eps for m in ms])
+        steps = ms[0].env_steps
+        per_level[level] = {
+            "eps": eps,
+            "samples": [m.eps for m in ms],
+            "ratio_to_off": C.ratio(eps, off),
+            "events": ms[0].events,
+            "events_per_env_step": ms[0].events / steps if steps else None,
+            "bytes_on_disk": ms[0].bytes_on_disk,
+            "bytes_per_env_step": ms[0].bytes_on_disk / steps if steps else None,
+        }
+    C.print_table(
+        f"Telemetry overhead ({args.task}, n_envs {args.n_envs}), median of {args.repeats}",
+        ["level", "EPS", "ratio to off", "min..max EPS", "events/env-step", "bytes/env-step"],
+        [
+            [
+                level,
+                r["eps"],
+                r["ratio_to_off"],
+                f"{min(r['samples']):.2f}..{max(r['samples']):.2f}",
+                r["events_per_env_step"] or 0.0,
+                r["bytes_per_env_step"] or 0.0,
+            ]
+            for level, r in per_level.items()
+        ],
+    )
+    normal = per_level.get("normal", {}).get("ratio_to_off")
+    if normal is not None:
+        verdict = "meets" if normal >= NORMAL_TARGET else "MISSES"
+        print(f"normal/off = {normal:.3f}: {verdict} the >= {NORMAL_TARGET} target", flush=True)
+    C.write_results(
+        args.out,
+        "telemetry_overhead",
+        {
+            "benchmark": "telemetry_overhead",
+            "machine": info,
+            "config": T.describe(configs["off"]),
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "target_normal_ratio": NORMAL_TARGET,
+            "levels": per_level,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
