@@ -36,7 +36,7 @@ import _common as C  # noqa: E402
 import _events as E  # noqa: E402
 
 from esper.core.enums import TelemetryLevel  # noqa: E402
-from esper.telemetry.events import Event  # noqa: E402
+from esper.telemetry.events import Event, event_tag  # noqa: E402
 from esper.telemetry.hub import Hub, NullHub, TelemetryHub, open_run  # noqa: E402
 
 DEFAULT_EVENTS = 100_000
@@ -86,6 +86,7 @@ def run_variant(
     source = E.of_level(mix, TelemetryLevel.NORMAL) if variant == "filtered" else mix
     level = TelemetryLevel.LIFECYCLE if variant == "filtered" else TelemetryLevel.NORMAL
     timed: list[int] = []
+    by_type: dict[str, list[int]] = {}
     bulk: list[float] = []
     blocked = 0
     for rep in range(repeats):
@@ -97,7 +98,10 @@ def run_variant(
             else:
                 hub = _open(root, name, level, n + QUEUE_SLACK)
             if phase == "per_call":
-                timed += per_call_ns(hub.emit, events)
+                ns = per_call_ns(hub.emit, events)
+                timed += ns
+                for event, t in zip(events, ns, strict=True):
+                    by_type.setdefault(event_tag(type(event)), []).append(t)
             else:
                 bulk.append(bulk_mean_ns(hub.emit, events))
             if isinstance(hub, TelemetryHub):
@@ -112,6 +116,7 @@ def run_variant(
         "bulk_samples_ns": bulk,
         "blocked_emits": blocked,
         "mix": E.composition(source),
+        "median_ns_by_type": {t: C.median(v) for t, v in sorted(by_type.items())},
     }
 
 

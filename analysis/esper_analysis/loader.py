@@ -60,6 +60,7 @@ _CAST: Final = pl.ScanCastOptions(
     integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
 )
 _DEDUP_KEY: Final = ("rank", "seq")
+_INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
 
 
 @dataclass(frozen=True)
@@ -347,6 +348,8 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     if "seq" not in names or meta.num_row_groups == 0:
         return None, None
     col = names.index("seq")
+    if meta.schema.column(col).physical_type not in _INT_PHYSICAL:
+        return None, None  # a foreign file; its statistics are not sequence numbers
     lo: int | None = None
     hi: int | None = None
     for g in range(meta.num_row_groups):

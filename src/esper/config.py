@@ -231,7 +231,7 @@ def load_config(path: str | Path) -> Config:
             data = msgspec.json.decode(raw)
         else:
             raise ConfigError(f"{p}: unsupported config format (use .toml or .json)")
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid {p.suffix[1:].upper()}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a table/object")

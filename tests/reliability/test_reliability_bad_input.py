@@ -280,8 +280,8 @@ def test_corrupt_parquet_data_pages(tmp_path: Path) -> None:
     run_dir = _finished_run(tmp_path)
     part = next((run_dir / "events" / "env_step").rglob("*.parquet"))
     raw = bytearray(part.read_bytes())
-    start = 4  # just after the leading magic: the first column chunk's pages
-    raw[start : start + 200] = bytes(200)
+    footer = int.from_bytes(raw[-8:-4], "little") + 8  # footer, its length, "PAR1"
+    raw[4 : len(raw) - footer] = bytes(len(raw) - footer - 4)  # every data page zeroed
     part.write_bytes(bytes(raw))
     proc = run_esper(["analyze", "throughput", str(run_dir)])
     assert_user_error(proc, "corrupt parquet", "env_step")

@@ -288,3 +288,24 @@ def test_heuristic_policy_runs_through_the_same_loop(tmp_path: Path, digits) -> 
 
 def test_every_event_type_has_a_level() -> None:
     assert all(level >= TelemetryLevel.LIFECYCLE for level in EVENT_LEVELS.values())
+
+
+def test_anomaly_escalates_to_debug_for_a_bounded_number_of_rounds(
+    tmp_path: Path, digits
+) -> None:
+    cfg = small_config(
+        tmp_path, **{"run.rounds": 3, "run.episode_length": 3, "telemetry.escalation_rounds": 1}
+    )
+    hub = MemoryHub(run_id="esc", level=TelemetryLevel.NORMAL)
+    faults = FaultPlan([Fault(kind=FaultKind.POLICY_NAN, round=0)])
+    train(cfg, data=digits, telemetry=hub, faults=faults, save=tmp_path / "e.pt")
+    changes = [e for e in hub.events if event_tag(type(e)) == "telemetry_level_changed"]
+    assert [(c.round, c.old_level, c.new_level) for c in changes] == [
+        (0, "normal", "debug"),
+        (2, "debug", "normal"),
+    ]
+    layer_rounds = {e.round for e in hub.events if event_tag(type(e)) == "layer_grad_stats"}
+    assert layer_rounds == {1}  # debug detail only while escalated
+    stats = [e for e in hub.events if event_tag(type(e)) == "layer_grad_stats"]
+    assert len({(e.env, e.step) for e in stats}) == 3 * 3
+    assert all(math.isfinite(e.grad_norm) and e.param_norm > 0 for e in stats)

@@ -102,6 +102,7 @@ class TelemetryEscalator:
             )
 
     def on_round_start(self, rnd: int) -> None:
-        if self.hub.level != self.base and 0 <= self.until_round <= rnd:
+        # ``until_round`` is the last round that runs at debug.
+        if self.hub.level != self.base and 0 <= self.until_round < rnd:
             self.hub.set_level(self.base, reason="escalation_expired", round=rnd, until_round=-1)
             self.until_round = -1

@@ -41,6 +41,7 @@ class EnvStepStats:
     val_acc: float
     config_accs: tuple[float, ...]  # percent, one per ablation config (row 0 = real)
     grad_norms: tuple[float, ...]
+    extra: tuple[float, ...] = ()  # debug-level per-layer stats, LAYER_STAT_FIELDS per layer
 
 
 def _stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
@@ -175,33 +176,64 @@ def validate_fused(
     return results
 
 
+#: Per-layer gradient statistics (debug level), in this order per layer.
+LAYER_STAT_FIELDS = ("grad_norm", "param_norm", "grad_max_abs", "zero_frac")
+
+
+def layer_grad_stats(model: torch.nn.Module) -> tuple[list[str], torch.Tensor]:
+    """Per-parameter gradient stats of the last train batch, on device ([L, 4], no sync).
+
+    Gradients of the epoch's last batch are still in ``.grad`` (they are cleared at the
+    start of the next batch), so this needs no extra backward pass.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return [], torch.zeros(0, len(LAYER_STAT_FIELDS))
+    grads = [p.grad for _, p in named if p.grad is not None]
+    params = [p.detach() for _, p in named]
+    stats = torch.stack(
+        [
+            torch.stack(torch._foreach_norm(grads)),
+            torch.stack(torch._foreach_norm(params)),
+            torch.stack([g.abs().amax() for g in grads]),
+            torch.stack([(g == 0).float().mean() for g in grads]),
+        ],
+        dim=1,
+    )
+    return [n for n, _ in named], stats.float()
+
+
 def gather_step_stats(
-    envs: Sequence[EnvState], val_results: Sequence[torch.Tensor]
+    envs: Sequence[EnvState],
+    val_results: Sequence[torch.Tensor],
+    extras: Sequence[torch.Tensor] | None = None,
 ) -> list[EnvStepStats]:
-    """Pack every env's device numbers and transfer them to the host ONCE."""
+    """Pack every env's device numbers (plus optional debug extras) and transfer ONCE."""
     parts: list[torch.Tensor] = []
-    sizes: list[tuple[int, int]] = []
-    for env, val in zip(envs, val_results, strict=True):
+    sizes: list[tuple[int, int, int]] = []
+    home = envs[0].device
+    for i, (env, val) in enumerate(zip(envs, val_results, strict=True)):
         assert env.train_accum is not None
         grads = env.last_grad_norms.reshape(-1).float()
-        parts += [
-            env.train_accum.to(envs[0].device),
-            val.to(envs[0].device),
-            grads.to(envs[0].device),
-        ]
-        sizes.append((val.numel(), grads.numel()))
+        extra = extras[i].reshape(-1).float() if extras is not None else grads[:0]
+        parts += [env.train_accum.to(home), val.to(home), grads.to(home), extra.to(home)]
+        sizes.append((val.numel(), grads.numel(), extra.numel()))
     host = torch.cat(parts).cpu().tolist()  # the step's single device-to-host transfer
     return _unpack(host, sizes)
 
 
-def _unpack(host: list[float], sizes: Sequence[tuple[int, int]]) -> list[EnvStepStats]:
+def _unpack(host: list[float], sizes: Sequence[tuple[int, int, int]]) -> list[EnvStepStats]:
     out: list[EnvStepStats] = []
     i = 0
-    for val_size, grad_size in sizes:
+    for val_size, grad_size, extra_size in sizes:
         loss_sum, correct, count = host[i : i + 3]
-        val = host[i + 3 : i + 3 + val_size]
-        grads = host[i + 3 + val_size : i + 3 + val_size + grad_size]
-        i += 3 + val_size + grad_size
+        i += 3
+        val = host[i : i + val_size]
+        i += val_size
+        grads = host[i : i + grad_size]
+        i += grad_size
+        extra = host[i : i + extra_size]
+        i += extra_size
         n_val = max(val[1], 1.0)
         out.append(
             EnvStepStats(
@@ -211,6 +243,7 @@ def _unpack(host: list[float], sizes: Sequence[tuple[int, int]]) -> list[EnvStep
                 val_acc=100.0 * val[2] / n_val,
                 config_accs=tuple(100.0 * c / n_val for c in val[2:]),
                 grad_norms=tuple(grads),
+                extra=tuple(extra),
             )
         )
     return out

@@ -38,9 +38,11 @@ from esper.training import emitters
 from esper.training.action_execution import execute_action
 from esper.training.anomaly import TelemetryEscalator, detect_anomalies
 from esper.training.batch_ops import (
+    LAYER_STAT_FIELDS,
     EnvStepStats,
     PassOptions,
     gather_step_stats,
+    layer_grad_stats,
     train_epoch,
     validate_fused,
 )
@@ -204,7 +206,14 @@ class VectorizedTrainer:
         plans = [self._ablation_plan(env) for env in envs]
         alphas = [torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans]
         val = validate_fused(envs, self.val, alphas, self.opts)
-        stats = gather_step_stats(envs, val)
+        layer_stats = None
+        if self.hub.enabled(TelemetryLevel.DEBUG):
+            layer_stats = [layer_grad_stats(env.model) for env in envs]
+        extras = [t for _, t in layer_stats] if layer_stats is not None else None
+        stats = gather_step_stats(envs, val, extras)
+        if layer_stats is not None:
+            for env, st, (names, _) in zip(envs, stats, layer_stats, strict=True):
+                self._emit_layer_stats(env, names, st.extra, rnd, step)
         times.train_ms += (t1 - t0) * 1e3
         times.val_ms += (time.perf_counter() - t1) * 1e3
         return stats, plans
@@ -489,6 +498,25 @@ class VectorizedTrainer:
                     val_ms=t.val_ms,
                     features_ms=t.features_ms,
                     policy_ms=t.policy_ms,
+                )
+            )
+
+    def _emit_layer_stats(
+        self, env: EnvState, names: list[str], values: tuple[float, ...], rnd: int, step: int
+    ) -> None:
+        width = len(LAYER_STAT_FIELDS)
+        for i, name in enumerate(names):
+            grad_norm, param_norm, grad_max_abs, zero_frac = values[i * width : (i + 1) * width]
+            self.hub.emit(
+                ev.LayerGradStats(
+                    round=rnd,
+                    env=env.index,
+                    step=step,
+                    layer=name,
+                    grad_norm=grad_norm,
+                    param_norm=param_norm,
+                    grad_max_abs=grad_max_abs,
+                    zero_frac=zero_frac,
                 )
             )
 
