@@ -105,7 +105,6 @@ def train_batch(
     else:
         loss_t.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(model.parameters(), HOST_GRAD_CLIP, foreach=True)
-    env.last_grad_norms = model.grad_norms()
     for opt in optimizers:
         if scaler is not None:
             scaler.step(opt)
@@ -137,6 +136,11 @@ def train_epoch(
         for env, (x, y) in zip(envs, per_env, strict=True):
             with _stream_ctx(env):
                 train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
+    for env in envs:
+        # The epoch's last batch left its (clipped) gradients in ``.grad``: measure them
+        # once per epoch, on device, instead of after every batch.
+        with _stream_ctx(env):
+            env.last_grad_norms = env.model.grad_norms()
     _synchronize(envs)
 
 
