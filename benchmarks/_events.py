@@ -14,14 +14,13 @@ import collections
 import itertools
 from typing import Any
 
+import _trainer as T
 import msgspec
 
 from esper.core.enums import TelemetryLevel
 from esper.telemetry.events import EVENT_LEVELS, Event, event_tag
-from esper.telemetry.hub import MemoryHub, UNSTAMPED_SEQ
+from esper.telemetry.hub import UNSTAMPED_SEQ, MemoryHub
 from esper.training.run import train
-
-import _trainer as T
 
 #: The run whose events make the mix (small: a few seconds).
 MIX_OVERRIDES: dict[str, Any] = {"run.episode_length": 5, "run.rounds": 2}
@@ -34,7 +33,12 @@ ONCE_PER_RUN = frozenset({"run_started", "run_finished", "writer_stats"})
 def record_mix(*, quick: bool = False, n_envs: int = 4) -> list[Event]:
     """Events of a real normal-level trainer run, in emission order (per-round ones)."""
     cfg = T.bench_config(
-        "digits", n_envs=n_envs, level="normal", threads=1, quick=quick, overrides=MIX_OVERRIDES
+        "digits",
+        n_envs=n_envs,
+        level="normal",
+        threads=1,
+        quick=quick,
+        overrides=None if quick else MIX_OVERRIDES,
     )
     hub = MemoryHub("mix", level=TelemetryLevel.NORMAL)
     train(cfg, data=T.load_data(cfg), telemetry=hub)

@@ -96,6 +96,15 @@ class Measurement:
     #: Events the run wrote and the bytes of its run directory (trainer with telemetry).
     events: int = 0
     bytes_on_disk: int = 0
+    #: CPU seconds of the whole process (every thread, the telemetry writer included)
+    #: over the call, setup included. Unlike wall time it hardly moves when other
+    #: processes compete for the cores, so cpu_eps is the steadier figure on a loaded
+    #: machine; it overstates the cost of work that runs in parallel on an idle core.
+    cpu_s: float = math.nan
+
+    @property
+    def cpu_eps(self) -> float:
+        return self.env_steps / self.cpu_s if self.cpu_s > 0 else math.nan
 
 
 def bench_config(
@@ -176,12 +185,14 @@ def run_trainer(cfg: Config, data: TaskData, *, scratch: Path | None = None) -> 
     tmp = Path(tempfile.mkdtemp(prefix="esper-bench-", dir=scratch))
     try:
         run_cfg = with_overrides(cfg, {"telemetry.dir": str(tmp), "run.run_id": "bench"})
+        cpu0 = time.process_time()
         result = train(run_cfg, data=data)
+        cpu_s = time.process_time() - cpu0
         phases = _round_phases(result.run_dir)
         if phases:
             phases["other"] = max(0.0, result.wall_s * 1e3 - sum(phases.values()))
         events, size = _telemetry_size(result.run_dir)
-        return Measurement(result.eps, result.wall_s, result.env_steps, phases, events, size)
+        return Measurement(result.eps, result.wall_s, result.env_steps, phases, events, size, cpu_s)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -229,7 +240,7 @@ def _floor_models(
     for i in range(cfg.run.n_envs):
         model = build_model(cfg.host, data.spec, seed=env_seed(cfg.run.seed, rnd, i)).to(device)
         if channels_last:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            model = model.to(memory_format=torch.channels_last)
         out.append((model, make_host_optimizer(model)))
     return out
 
@@ -266,11 +277,19 @@ def _validate_env(
     return acc
 
 
+def floor_epoch_indices(seed: int, epoch: int, n_train: int, used: int) -> torch.Tensor:
+    """The samples of one epoch: the same seeded permutation as the trainer's iterator
+    (env i trains on the i-th contiguous share of the first ``used`` indices)."""
+    gen = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(n_train, generator=gen)[:used]
+
+
 def run_floor(cfg: Config, data: TaskData) -> Measurement:
     """The plainest loop over the same host work (see the module docstring)."""
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     device = torch.device(cfg.run.device)
+    cpu0 = time.process_time()
     fd = _floor_data(cfg, data, device)
     n, per_env, bs = cfg.run.n_envs, fd.per_env, cfg.task.batch_size
     n_train = fd.train_y.shape[0]
@@ -281,8 +300,7 @@ def run_floor(cfg: Config, data: TaskData) -> Measurement:
         for step in range(cfg.run.episode_length):
             t_epoch = time.perf_counter()
             epoch = rnd * cfg.run.episode_length + step
-            gen = torch.Generator().manual_seed(cfg.run.seed + epoch)
-            idx = torch.randperm(n_train, generator=gen)[: n * per_env].to(device)
+            idx = floor_epoch_indices(cfg.run.seed, epoch, n_train, n * per_env).to(device)
             x, y = fd.train_x.index_select(0, idx), fd.train_y.index_select(0, idx)
             if fd.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -298,4 +316,6 @@ def run_floor(cfg: Config, data: TaskData) -> Measurement:
     steps = cfg.run.rounds * cfg.run.episode_length * n
     other = max(0.0, wall - train_s - val_s)
     phases = {"train": train_s * 1e3, "val": val_s * 1e3, "other": other * 1e3}
-    return Measurement(steps / wall if wall > 0 else math.nan, wall, steps, phases)
+    cpu_s = time.process_time() - cpu0
+    eps = steps / wall if wall > 0 else math.nan
+    return Measurement(eps, wall, steps, phases, cpu_s=cpu_s)

@@ -32,12 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
-import _events as E  # noqa: E402
+import _common as C
+import _events as E
 
-from esper.core.enums import TelemetryLevel  # noqa: E402
-from esper.telemetry.events import Event, event_tag  # noqa: E402
-from esper.telemetry.hub import Hub, NullHub, TelemetryHub, open_run  # noqa: E402
+from esper.core.enums import TelemetryLevel
+from esper.telemetry.events import Event, event_tag
+from esper.telemetry.hub import Hub, NullHub, TelemetryHub, open_run
 
 DEFAULT_EVENTS = 100_000
 QUICK_EVENTS = 2_000
@@ -80,9 +80,7 @@ def _open(root: Path, name: str, level: TelemetryLevel, capacity: int) -> Hub:
     return open_run(root, name, level=level, queue_capacity=capacity)
 
 
-def run_variant(
-    variant: str, mix: list[Event], n: int, repeats: int, root: Path
-) -> dict[str, Any]:
+def run_variant(variant: str, mix: list[Event], n: int, repeats: int, root: Path) -> dict[str, Any]:
     source = E.of_level(mix, TelemetryLevel.NORMAL) if variant == "filtered" else mix
     level = TelemetryLevel.LIFECYCLE if variant == "filtered" else TelemetryLevel.NORMAL
     timed: list[int] = []
@@ -132,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     timer = timer_overhead_ns()
     root = Path(tempfile.mkdtemp(prefix="esper-emit-"))
     try:
-        results = {v: run_variant(v, mix, n, repeats, root) for v in ("recorded", "filtered", "null")}
+        results = {
+            v: run_variant(v, mix, n, repeats, root) for v in ("recorded", "filtered", "null")
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     C.print_table(

@@ -22,9 +22,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
-import _trainer as T  # noqa: E402
-from esper.config import with_overrides  # noqa: E402
+import _common as C
+import _trainer as T
+
+from esper.config import with_overrides
 
 DEFAULT_TASKS = ["digits", "synthetic"]
 DEFAULT_N_ENVS = [1, 4, 8]
@@ -34,6 +35,17 @@ PROFILE_ROWS = 30
 #: Floor ratios below this get a "where the time goes" explanation (issue 8).
 FLOOR_RATIO_TARGET = 0.8
 VARIANTS = ("trainer", "floor")
+COLUMNS = (
+    "task",
+    "n_envs",
+    "epochs",
+    "rounds",
+    "trainer EPS",
+    "floor EPS",
+    "ratio",
+    "paired",
+    "CPU",
+)
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -87,16 +99,22 @@ def measure_config(task: str, n_envs: int, args: Any) -> dict[str, Any]:
     for variant in VARIANTS:
         eps = [m.eps for m in samples[variant]]
         mid = sorted(samples[variant], key=lambda m: m.eps)[len(eps) // 2]
-        out[variant] = {"eps": C.median(eps), "samples": eps, "phases_ms": mid.phases_ms}
+        out[variant] = {
+            "eps": C.median(eps),
+            "samples": eps,
+            "cpu_eps": C.median([m.cpu_eps for m in samples[variant]]),
+            "phases_ms": mid.phases_ms,
+        }
+    pairs = zip(samples["trainer"], samples["floor"], strict=True)
     out["ratio"] = C.ratio(out["trainer"]["eps"], out["floor"]["eps"])
+    out["paired_ratios"] = [C.ratio(t.eps, f.eps) for t, f in pairs]
+    out["cpu_ratio"] = C.ratio(out["trainer"]["cpu_eps"], out["floor"]["cpu_eps"])
     return out
 
 
 def profile_trainer(task: str, args: Any) -> list[dict[str, Any]]:
     """cProfile of one trainer run (n_envs 4): the functions with the most cumulative time."""
-    cfg = T.bench_config(
-        task, n_envs=4, level=args.level, threads=args.threads, quick=args.quick
-    )
+    cfg = T.bench_config(task, n_envs=4, level=args.level, threads=args.threads, quick=args.quick)
     data = T.load_data(cfg)
     prof = cProfile.Profile()
     prof.enable()
@@ -138,12 +156,18 @@ def main(argv: list[str] | None = None) -> int:
             r["trainer"]["eps"],
             r["floor"]["eps"],
             r["ratio"],
+            C.median(r["paired_ratios"]),
+            r["cpu_ratio"],
         ]
         for r in results
     ]
+    print(
+        "ratio = median trainer EPS / median floor EPS; paired = median of the per-repeat "
+        "ratios (adjacent runs); CPU = the same from process CPU time (steadier under load)"
+    )
     C.print_table(
         f"EPS: trainer (telemetry {args.level}) vs floor, median of {args.repeats}",
-        ["task", "n_envs", "epochs", "rounds", "trainer EPS", "floor EPS", "ratio"],
+        COLUMNS,
         rows,
     )
     C.print_table(

@@ -17,8 +17,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
-import _trainer as T  # noqa: E402
+import _common as C
+import _trainer as T
+
+from esper.config import with_overrides
 
 LEVELS = ("off", "lifecycle", "normal", "debug")
 DEFAULT_REPEATS = 5
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     data = T.load_data(configs["off"])
     if not args.quick:  # one unmeasured short run: first-call kernel setup
-        T.run_trainer(T.with_overrides(configs["off"], {"run.episode_length": 2}), data)
+        T.run_trainer(with_overrides(configs["off"], {"run.episode_length": 2}), data)
     samples: dict[str, list[T.Measurement]] = {level: [] for level in args.levels}
     for rep in range(args.repeats):
         for level in C.alternate(args.levels, rep):
@@ -59,15 +61,22 @@ def main(argv: list[str] | None = None) -> int:
             samples[level].append(m)
             print(f"  rep {rep}: {level:9s} {m.eps:.2f} EPS, {m.events} events", flush=True)
     off = C.median([m.eps for m in samples["off"]])
+    off_cpu = C.median([m.cpu_eps for m in samples["off"]])
     per_level: dict[str, Any] = {}
     for level in args.levels:
         ms = samples[level]
         eps = C.median([m.eps for m in ms])
+        cpu_eps = C.median([m.cpu_eps for m in ms])
         steps = ms[0].env_steps
+        paired = [C.ratio(m.eps, o.eps) for m, o in zip(ms, samples["off"], strict=True)]
         per_level[level] = {
             "eps": eps,
             "samples": [m.eps for m in ms],
             "ratio_to_off": C.ratio(eps, off),
+            "paired_ratios": paired,
+            "paired_ratio": C.median(paired),
+            "cpu_eps": cpu_eps,
+            "cpu_ratio_to_off": C.ratio(cpu_eps, off_cpu),
             "events": ms[0].events,
             "events_per_env_step": ms[0].events / steps if steps else None,
             "bytes_on_disk": ms[0].bytes_on_disk,
@@ -75,18 +84,33 @@ def main(argv: list[str] | None = None) -> int:
         }
     C.print_table(
         f"Telemetry overhead ({args.task}, n_envs {args.n_envs}), median of {args.repeats}",
-        ["level", "EPS", "ratio to off", "min..max EPS", "events/env-step", "bytes/env-step"],
+        [
+            "level",
+            "EPS",
+            "ratio to off",
+            "paired",
+            "CPU ratio",
+            "min..max EPS",
+            "events/env-step",
+            "bytes/env-step",
+        ],
         [
             [
                 level,
                 r["eps"],
                 r["ratio_to_off"],
+                r["paired_ratio"],
+                r["cpu_ratio_to_off"],
                 f"{min(r['samples']):.2f}..{max(r['samples']):.2f}",
                 r["events_per_env_step"] or 0.0,
                 r["bytes_per_env_step"] or 0.0,
             ]
             for level, r in per_level.items()
         ],
+    )
+    print(
+        "ratio = median EPS / median EPS at off; paired = median of the per-repeat ratios; "
+        "CPU ratio = the same from process CPU time (every thread, steadier under load)"
     )
     normal = per_level.get("normal", {}).get("ratio_to_off")
     if normal is not None:

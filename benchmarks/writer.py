@@ -29,14 +29,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import msgspec  # noqa: E402
+import _common as C
+import _events as E
+import msgspec
 
-import _common as C  # noqa: E402
-import _events as E  # noqa: E402
-
-from esper.core.enums import TelemetryLevel  # noqa: E402
-from esper.telemetry.events import Event  # noqa: E402
-from esper.telemetry.hub import TelemetryHub, open_run  # noqa: E402
+from esper.core.enums import TelemetryLevel
+from esper.telemetry.events import Event
+from esper.telemetry.hub import TelemetryHub, open_run
 
 DEFAULT_EVENTS = 200_000
 QUICK_EVENTS = 2_000
@@ -44,6 +43,10 @@ DEFAULT_REPEATS = 3
 TARGET_SPEEDUP = 10.0
 TARGET_BYTES_FRACTION = 0.2
 WRITERS = ("parquet", "jsonl")
+#: The bounded-memory pass streams this many times the benchmark's events ...
+MEMORY_FACTOR = 5
+#: ... and samples RSS at this many evenly spaced points.
+MEMORY_MARKS = 10
 
 
 def dir_bytes(path: Path) -> int:
@@ -76,6 +79,41 @@ def write_jsonl(events: list[Event], path: Path) -> tuple[float, int]:
     return seconds, path.stat().st_size
 
 
+def rss_mb() -> float:
+    """Current resident set size (VmRSS) in MiB; NaN where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def memory_profile(mix: list[Event], n: int, root: Path) -> dict[str, Any]:
+    """RSS while ``n`` events stream through a hub, made one at a time (untimed).
+
+    Nothing outside the hub holds the events, so a flat profile after the queue has
+    filled once shows the writer's memory is bounded by its queue, not the run length.
+    """
+    hub = open_run(root, "memory", level=TelemetryLevel.NORMAL)
+    marks = {n * k // MEMORY_MARKS for k in range(1, MEMORY_MARKS + 1)}
+    samples: list[float] = []
+    cycle = E.fresh_copies(mix, len(mix))
+    for i in range(1, n + 1):
+        hub.emit(msgspec.structs.replace(cycle[i % len(cycle)]))
+        if i in marks:
+            samples.append(rss_mb())
+    hub.close()
+    shutil.rmtree(root / "memory", ignore_errors=True)
+    settled = samples[len(samples) // 2 :]
+    return {
+        "events": n,
+        "rss_mb_at_marks": samples,
+        "growth_second_half_mb": max(settled) - min(settled) if settled else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = C.base_parser(__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=None, help="events per pass")
@@ -105,20 +143,30 @@ def main(argv: list[str] | None = None) -> int:
                     path.unlink()
                 samples[writer].append((secs, size))
                 print(f"  rep {rep}: {writer:7s} {n / secs:,.0f} events/s", flush=True)
+        del stamped  # the memory pass must not share the heap with 200k kept events
+        memory = memory_profile(mix, n * MEMORY_FACTOR, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results: dict[str, Any] = {}
     for writer in WRITERS:
         rates = [n / s for s, _ in samples[writer]]
-        size = C.median([float(b) for _, b in samples[writer]])
-        results[writer] = {"events_per_s": C.median(rates), "samples": rates, "bytes_per_event": size / n}
+        median_bytes = C.median([float(b) for _, b in samples[writer]])
+        results[writer] = {
+            "events_per_s": C.median(rates),
+            "samples": rates,
+            "bytes_per_event": median_bytes / n,
+        }
     speedup = C.ratio(results["parquet"]["events_per_s"], results["jsonl"]["events_per_s"])
-    bytes_fraction = C.ratio(results["parquet"]["bytes_per_event"], results["jsonl"]["bytes_per_event"])
+    bytes_fraction = C.ratio(
+        results["parquet"]["bytes_per_event"], results["jsonl"]["bytes_per_event"]
+    )
     C.print_table(
         f"Writer throughput, {n:,} events x {repeats} repeats (median)",
         ["writer", "events/s", "bytes/event"],
         [[w, r["events_per_s"], r["bytes_per_event"]] for w, r in results.items()],
     )
+    marks = ", ".join(f"{v:.0f}" for v in memory["rss_mb_at_marks"])
+    print(f"RSS (MB) while {memory['events']:,} events stream through the hub: {marks}")
     print(
         f"parquet/jsonl: {speedup:.1f}x events/s (target >= {TARGET_SPEEDUP:g}x), "
         f"{bytes_fraction:.3f} of the bytes (target <= {TARGET_BYTES_FRACTION:g})",
@@ -139,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_fraction": bytes_fraction,
             "targets": {"speedup": TARGET_SPEEDUP, "bytes_fraction": TARGET_BYTES_FRACTION},
             "parquet_writer_counters": counters,
+            "memory": memory,
         },
     )
     return 0

@@ -15,21 +15,33 @@ The command line is :func:`esper_analysis.cli.main` (``esper analyze ...`` or
 
 from __future__ import annotations
 
-from esper_analysis.actions import action_distribution
-from esper_analysis.baseline import (
-    capture_baseline,
-    check_baseline,
-    read_baseline,
-    write_baseline,
-)
-from esper_analysis.counts import event_counts
-from esper_analysis.lifecycles import seed_lifecycles
+from esper_analysis import actions as _actions
+from esper_analysis import baseline as _baseline
+from esper_analysis import counts as _counts
+from esper_analysis import lifecycles as _lifecycles
+from esper_analysis import ppo as _ppo
+from esper_analysis import report as _report
+from esper_analysis import rewards as _rewards
+from esper_analysis import rollbacks as _rollbacks
+from esper_analysis import throughput as _throughput
+from esper_analysis.baseline import read_baseline
+from esper_analysis.integrity import guard_corrupt_data
 from esper_analysis.loader import Run, load_run, load_runs, scan_runs
-from esper_analysis.ppo import ppo_health
-from esper_analysis.report import build_report, write_report
-from esper_analysis.rewards import reward_breakdown
-from esper_analysis.rollbacks import rollback_audit
-from esper_analysis.throughput import throughput
+
+# Public entry points run under the corrupt-data guard: a scan that hits damaged data
+# pages raises CorruptFileError naming the file, never a raw polars error.
+action_distribution = guard_corrupt_data(_actions.action_distribution)
+capture_baseline = guard_corrupt_data(_baseline.capture_baseline)
+check_baseline = guard_corrupt_data(_baseline.check_baseline)
+write_baseline = guard_corrupt_data(_baseline.write_baseline)
+event_counts = guard_corrupt_data(_counts.event_counts)
+seed_lifecycles = guard_corrupt_data(_lifecycles.seed_lifecycles)
+ppo_health = guard_corrupt_data(_ppo.ppo_health)
+build_report = guard_corrupt_data(_report.build_report)
+write_report = guard_corrupt_data(_report.write_report)
+reward_breakdown = guard_corrupt_data(_rewards.reward_breakdown)
+rollback_audit = guard_corrupt_data(_rollbacks.rollback_audit)
+throughput = guard_corrupt_data(_throughput.throughput)
 
 __all__ = [
     "Run",

@@ -16,14 +16,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
-import polars as pl
 from rich.console import Console
 
 from esper.errors import UserError
 from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
 from esper_analysis.counts import event_counts
-from esper_analysis.errors import CorruptFileError
+from esper_analysis.integrity import corrupt_data_errors
 from esper_analysis.lifecycles import seed_lifecycles
 from esper_analysis.loader import Run, load_run
 from esper_analysis.ppo import ppo_health
@@ -134,22 +133,15 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     run = load_run(args.run)
-    if run.recovery is not None:
-        err.write(f"warning: {run.recovery.message}\n")
-    try:
+    with corrupt_data_errors(run):  # a scan that hits bad data pages names the file
+        if run.recovery is not None:
+            err.write(f"warning: {run.recovery.message}\n")
         if args.command == "baseline":
             return _baseline(args, run, out)
         if args.command == "report":
             return _report(args, run, out)
         analysis, _ = ANALYSES[args.command]
         _emit(out, run, analysis(run), args)
-    except pl.exceptions.ComputeError as exc:
-        bad = run.find_corrupt_files()  # a scan failed: bad data pages, or a bug
-        if not bad:
-            raise
-        where = ", ".join(b.path for b in bad)
-        first_line = str(exc).splitlines()[0]
-        raise CorruptFileError(f"corrupt Parquet data in {where}: {first_line}") from None
     return EXIT_OK
 
 

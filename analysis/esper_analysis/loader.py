@@ -39,6 +39,7 @@ from esper.core.enums import RunStatus
 from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.manifest import pid_alive
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
+from esper_analysis.integrity import ForeignTableError, check_columns, corrupt_data_errors
 from esper_analysis.schema import empty_frame, event_schema, known_event_types
 
 MANIFEST_NAME: Final = "manifest.json"
@@ -61,6 +62,8 @@ _CAST: Final = pl.ScanCastOptions(
 )
 _DEDUP_KEY: Final = ("rank", "seq")
 _INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
+#: Unsigned file columns up to this width fit the catalogue's Int64.
+_KNOWN_TYPES: Final = frozenset(known_event_types())
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,8 @@ class Run:
         all, is a crash.
         """
         if self.rows_on_disk("run_finished"):
-            last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
+            with corrupt_data_errors(self):
+                last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
             parsed = _parse_status(last)
             if parsed in _CLOSED_STATUSES:
                 return parsed
@@ -227,7 +231,8 @@ class Run:
         """For a crashed (or still running) run: files read, events, last seq per rank."""
         if self.status in _CLOSED_STATUSES:
             return None
-        return _recovery(self)
+        with corrupt_data_errors(self):
+            return _recovery(self)
 
 
 def _as_int(value: Any) -> int | None:
@@ -363,6 +368,8 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
 
 def _describe(path: Path, event_type: str, rank: int) -> PartFile:
     meta = pq.read_metadata(path)
+    if event_type in _KNOWN_TYPES:
+        check_columns(meta, event_type)
     lo, hi = _seq_range(meta)
     return PartFile(
         path=path,
@@ -415,11 +422,13 @@ def _superseded(run_dir: Path, manifests: dict[int, dict[str, Any]]) -> set[Path
     events_dir = run_dir / EVENTS_DIR
     out: set[Path] = set()
     for manifest in manifests.values():
-        for record in manifest.get("pending_compactions") or ():
+        records = manifest.get("pending_compactions")
+        for record in records if isinstance(records, list) else ():  # a damaged manifest
             if not isinstance(record, dict) or not record.get("output"):
                 continue
-            if (events_dir / str(record["output"])).is_file():
-                out.update(events_dir / str(p) for p in record.get("inputs") or ())
+            inputs = record.get("inputs")
+            if isinstance(inputs, list) and (events_dir / str(record["output"])).is_file():
+                out.update(events_dir / str(p) for p in inputs)
     return out
 
 
@@ -438,7 +447,7 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path]) -> _Discovered:
                 continue
             try:
                 part = _describe(path, event_type, rank)
-            except (OSError, pa.ArrowException) as exc:
+            except (OSError, pa.ArrowException, ForeignTableError) as exc:
                 if not tolerant:
                     raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
                 reason = f"unreadable Parquet ({exc})"

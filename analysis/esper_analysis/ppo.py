@@ -60,7 +60,10 @@ def ppo_health(run: Run) -> PpoHealth:
             .otherwise(pl.lit("clip_frac")),
             head=pl.col("variable").str.replace(r"^(entropy|clip_frac)_", ""),
         )
-        .pivot(on="metric", index=["round", "rank", "head"], values="value")
+        # "first": a damaged or hand-made run may repeat an update of (round, rank)
+        .pivot(
+            on="metric", index=["round", "rank", "head"], values="value", aggregate_function="first"
+        )
         .sort("round", "rank", "head")
     )
     n = updates.height

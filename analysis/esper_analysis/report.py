@@ -113,7 +113,7 @@ def _episode_length(run: Run, segments: pl.DataFrame) -> int:
         if isinstance(value, int) and value > 0:
             return value
     last = segments["end_step"].max()
-    return (last if isinstance(last, int) else 0) + 1
+    return max(last if isinstance(last, int) else 0, 0) + 1  # >= 1: it divides
 
 
 def _timeline(run: Run, lc: Lifecycles) -> str:

@@ -87,7 +87,11 @@ def nice_ticks(lo: float, hi: float, n: int = _TICKS, *, integer: bool = False) 
     if hi <= lo:
         hi = lo + 1.0
     raw = (hi - lo) / max(1, n)
-    power = 10 ** math.floor(math.log10(raw))
+    if not (math.isfinite(raw) and raw > 0):  # a span too wide or too narrow for floats
+        return []
+    power = 10.0 ** math.floor(math.log10(raw))  # a float: ticks must format as floats
+    if power == 0:  # subnormal span
+        return []
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     if integer:
         step = max(1.0, float(math.ceil(step)))
@@ -139,10 +143,10 @@ class _Frame:
         self.yt = nice_ticks(*y_range)
         self.x0, self.x1 = (self.xt[0], self.xt[-1]) if len(self.xt) > 1 else x_range
         self.y0, self.y1 = (self.yt[0], self.yt[-1]) if len(self.yt) > 1 else y_range
-        if self.x1 == self.x0:
-            self.x1 = self.x0 + 1
-        if self.y1 == self.y0:
-            self.y1 = self.y0 + 1
+        if not self.x1 > self.x0:  # one value, or a span floats cannot resolve
+            self.x1 = self.x0 + max(1.0, abs(self.x0))
+        if not self.y1 > self.y0:
+            self.y1 = self.y0 + max(1.0, abs(self.y0))
         self.left = _MARGIN_L
         self.right = width - _MARGIN_R - (_LEGEND_W if legend else 0)
         self.top, self.bottom = _MARGIN_T, height - _MARGIN_B

@@ -122,7 +122,8 @@ class GovernorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
 class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     level: str = "normal"
     dir: str = "runs"
-    flush_interval_s: PositiveFloat = 0.5
+    #: Durability bound: a kill -9 loses at most this much of the latest events.
+    flush_interval_s: PositiveFloat = 1.0
     queue_capacity: Positive = 65536
     drop_when_full: bool = False
     escalation_rounds: NonNegative = 2

@@ -161,9 +161,7 @@ def read_emit_log(path: Path) -> list[tuple[int, int]]:
 def run_seqs(run: Run) -> list[int]:
     """Every ``seq`` the analysis layer reads back from the run, all types, rank 0."""
     frames = [
-        run.scan(t).select("seq").collect()
-        for t in known_event_types()
-        if run.rows_on_disk(t) > 0
+        run.scan(t).select("seq").collect() for t in known_event_types() if run.rows_on_disk(t) > 0
     ]
     if not frames:
         return []

@@ -133,7 +133,9 @@ def test_missing_dataset_directory(tmp_path: Path, capsys: pytest.CaptureFixture
     _assert_one_error(*_cli(capsys, args), "CIFAR-10 directory not found", str(missing))
 
 
-def test_dataset_directory_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dataset_directory_missing_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "cifar"
     _write_cifar(data)
     (data / "data_batch_4.bin").unlink()
@@ -346,3 +348,12 @@ def test_telemetry_survives_a_foreign_table_in_a_crashed_run(tmp_path: Path) -> 
     assert [s["path"] for s in skipped] == ["events/env_step/rank=0/part-999999.parquet"]
     assert "zzz_unknown" in proc.stderr  # named in a warning, then ignored
     assert "Traceback" not in proc.stderr
+
+
+def test_checkpoint_with_a_policy_state_that_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _checkpoint_for(tmp_path, _cli_config(tmp_path), learner={"policy": {}})
+    args = _small_args(tmp_path, "--resume", str(ckpt))
+    _assert_one_error(*_cli(capsys, args), str(ckpt), "does not fit this configuration")
+    assert not (tmp_path / "tel").exists()

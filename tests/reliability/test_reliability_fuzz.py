@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import math
@@ -27,14 +28,6 @@ import msgspec.inspect as mi
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from esper.config import Config, ConfigError, config_from_dict, load_config
-from esper.core import enums
-from esper.core.enums import TelemetryLevel
-from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
-from esper.telemetry.hub import open_run
 from esper_analysis import (
     action_distribution,
     build_report,
@@ -50,9 +43,17 @@ from esper_analysis import (
     throughput,
 )
 from esper_analysis.errors import AnalysisError
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from esper.config import Config, ConfigError, config_from_dict, load_config
+from esper.core import enums
+from esper.core.enums import TelemetryLevel
+from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
+from esper.telemetry.hub import open_run
 
 FUZZ = settings(
-    max_examples=int(os.environ.get("ESPER_FUZZ_EXAMPLES", "40")),
+    max_examples=int(os.environ.get("ESPER_FUZZ_EXAMPLES", "25")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -60,7 +61,8 @@ FUZZ = settings(
 # --- configs ------------------------------------------------------------------------------
 
 _SECTIONS = {
-    name: msgspec.inspect.type_info(type(getattr(Config(), name))) for name in Config.__struct_fields__
+    name: msgspec.inspect.type_info(type(getattr(Config(), name)))
+    for name in Config.__struct_fields__
 }
 _KEYS = sorted(
     {name for name in Config.__struct_fields__}
@@ -83,7 +85,7 @@ scalars = st.one_of(
     st.integers(min_value=-3, max_value=300),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.sampled_from(_ENUM_WORDS + ["cpu", "cuda", "cuda:0", "cuda:x", "runs", ""]),
+    st.sampled_from([*_ENUM_WORDS, "cpu", "cuda", "cuda:0", "cuda:x", "runs", ""]),
 )
 keys = st.one_of(st.sampled_from(_KEYS), st.text(max_size=8))
 values = st.recursive(
@@ -102,7 +104,7 @@ def config_mappings(draw: st.DrawFn) -> Any:
     if shape == "mutated":
         data = msgspec.to_builtins(Config())
         section = draw(st.sampled_from(sorted(data)))
-        key = draw(st.sampled_from(sorted(data[section]) + ["extra"]))
+        key = draw(st.sampled_from([*sorted(data[section]), "extra"]))
         data[section][key] = draw(values)
         return data
     sections = draw(st.lists(st.sampled_from(sorted(_SECTIONS)), unique=True, max_size=4))
@@ -131,7 +133,9 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+        return (
+            "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+        )
     if isinstance(v, int):
         return str(v)
     if isinstance(v, str):
@@ -181,7 +185,7 @@ def test_load_config_raises_only_config_errors(data: Any, suffix: str, noise: by
 
 # --- event streams ------------------------------------------------------------------------
 
-_WORDS = _ENUM_WORDS + ["r0c0", "r0c1", "conv_small", "norm", "finished", "running"]
+_WORDS = [*_ENUM_WORDS, "r0c0", "r0c1", "conv_small", "norm", "finished", "running"]
 _STAMPED = frozenset({"run_id", "seq", "ts_ns", "rank"})
 _FLOATS = st.floats(allow_nan=True, allow_infinity=True) | st.floats(-5, 5)
 _INTS = st.integers(-1, 4) | st.integers(-(2**62), 2**62)
@@ -210,6 +214,8 @@ def _event_strategy(cls: type[Event]) -> st.SearchStrategy[Event]:
 events = st.one_of(*[_event_strategy(cls) for cls in EVENT_TYPES.values()])
 
 Damage = Callable[[Path, Any], None]
+#: "PAR1" + footer length + "PAR1": anything shorter has no pages to damage.
+_MIN_PARQUET_BYTES = 12
 
 
 def _parts(run_dir: Path) -> list[Path]:
@@ -217,7 +223,9 @@ def _parts(run_dir: Path) -> list[Path]:
 
 
 def _pick(paths: list[Path], draw: Any) -> Path | None:
-    return draw(st.sampled_from(paths)) if paths else None
+    """A part file with at least a Parquet header and trailer, if there is one."""
+    sizable = [p for p in paths if p.stat().st_size >= _MIN_PARQUET_BYTES]
+    return draw(st.sampled_from(sizable)) if sizable else None
 
 
 def _truncate(run_dir: Path, draw: Any) -> None:
@@ -238,7 +246,8 @@ def _zero_pages(run_dir: Path, draw: Any) -> None:
     if (p := _pick(_parts(run_dir), draw)) is not None:
         raw = bytearray(p.read_bytes())
         footer = int.from_bytes(raw[-8:-4], "little") + 8
-        raw[4 : len(raw) - footer] = bytes(max(len(raw) - footer - 4, 0))
+        end = max(len(raw) - footer, 4)
+        raw[4:end] = bytes(end - 4)
         p.write_bytes(bytes(raw))
 
 
@@ -267,6 +276,15 @@ def _empty_part(run_dir: Path, draw: Any) -> None:
     target.write_bytes(b"")
 
 
+def _manifest_dict(path: Path) -> dict[str, Any]:
+    """The manifest as a dict, or an empty one if an earlier damage broke it."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _break_manifest(run_dir: Path, draw: Any) -> None:
     path = run_dir / "manifest.json"
     choice = draw(st.sampled_from(["delete", "garbage", "types", "array"]))
@@ -277,11 +295,21 @@ def _break_manifest(run_dir: Path, draw: Any) -> None:
     elif choice == "array":
         path.write_text("[1, 2]")
     else:
-        data = json.loads(path.read_text()) if path.exists() else {}
+        data = _manifest_dict(path)
         key = draw(
             st.sampled_from(
-                ["status", "schema_version", "pid", "heartbeat_ns", "flush_interval_s", "counts",
-                 "pending_compactions", "rank", "last_seq", "run_id"]
+                [
+                    "status",
+                    "schema_version",
+                    "pid",
+                    "heartbeat_ns",
+                    "flush_interval_s",
+                    "counts",
+                    "pending_compactions",
+                    "rank",
+                    "last_seq",
+                    "run_id",
+                ]
             )
         )
         data[key] = draw(values)
@@ -292,7 +320,7 @@ def _crash(run_dir: Path, draw: Any) -> None:
     """What a kill -9 leaves: status running, a dead pid, no run_finished."""
     path = run_dir / "manifest.json"
     if path.exists():
-        data = json.loads(path.read_text())
+        data = _manifest_dict(path)
         data.update(status="running", pid=2**22 + 11, heartbeat_ns=0)
         path.write_text(json.dumps(data))
     shutil.rmtree(run_dir / "events" / "run_finished", ignore_errors=True)
@@ -340,14 +368,18 @@ def _analyse_everything(run_dir: Path) -> None:
         except AnalysisError:
             return
         for analysis in ANALYSES:
-            try:
+            with contextlib.suppress(AnalysisError):
                 analysis(run)
-            except AnalysisError:
-                pass
 
 
-@FUZZ
-@given(stream=st.lists(events, max_size=40), damage=st.lists(st.sampled_from(sorted(DAMAGES)), max_size=3), data=st.data())
+# No shrinking: every example writes a run; shrinking one failure can take minutes, and
+# the failing example is printed as found (with its seed) either way.
+@settings(FUZZ, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(
+    stream=st.lists(events, max_size=40),
+    damage=st.lists(st.sampled_from(sorted(DAMAGES)), max_size=3),
+    data=st.data(),
+)
 def test_analysis_survives_random_streams_and_damage(
     stream: list[Event], damage: list[str], data: st.DataObject
 ) -> None:
@@ -359,21 +391,31 @@ def test_analysis_survives_random_streams_and_damage(
         _analyse_everything(run_dir)
 
 
+@pytest.mark.slow
+@settings(FUZZ, max_examples=300, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(
+    stream=st.lists(events, max_size=80),
+    damage=st.lists(st.sampled_from(sorted(DAMAGES)), max_size=4),
+    data=st.data(),
+)
+def test_analysis_survives_many_more_streams(
+    stream: list[Event], damage: list[str], data: st.DataObject
+) -> None:
+    test_analysis_survives_random_streams_and_damage.hypothesis.inner_test(  # type: ignore[attr-defined]
+        stream, damage, data
+    )
+
+
 def test_envelope_fields_are_what_the_fuzzer_assumes() -> None:
     assert set(_ENVELOPE) | _STAMPED == set(ENVELOPE_FIELDS)
 
 
 @pytest.mark.parametrize("name", sorted(DAMAGES))
-def test_each_damage_alone_is_survived(tmp_path: Path, name: str) -> None:
-    """One deterministic pass per damage kind, so none depends on hypothesis's draws."""
-    from hypothesis import find
-
-    sample = find(st.lists(events, min_size=12, max_size=12), lambda _: True)
-    run_dir = _write_run(tmp_path, sample)
-
-    class _First:
-        def __call__(self, strategy: st.SearchStrategy[Any]) -> Any:
-            return find(strategy, lambda _: True)
-
-    DAMAGES[name](run_dir, _First())
-    _analyse_everything(run_dir)
+@settings(FUZZ, max_examples=5, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(stream=st.lists(events, min_size=1, max_size=20), data=st.data())
+def test_each_damage_kind_is_survived(name: str, stream: list[Event], data: st.DataObject) -> None:
+    """Every kind of damage gets examples of its own, whatever the mixed test draws."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = _write_run(Path(tmp), stream)
+        DAMAGES[name](run_dir, data.draw)
+        _analyse_everything(run_dir)

@@ -100,17 +100,21 @@ def check_recovered_everything_durable(k: Killed) -> None:
     recovery = run.recovery
     assert recovery is not None
     on_disk = run_seqs(run)
-    assert on_disk == list(range(len(on_disk))), "a gapless prefix, no duplicates"
-    assert recovery.events == len(on_disk) and recovery.seq_gaps == {0: 0}
+    assert len(on_disk) == len(set(on_disk)), "no duplicates"
     emitted = dict(k.emitted)
     durable_before = k.killed_ns - int(FLUSH_INTERVAL_S * NS_PER_S)
     must_survive = {seq for seq, ts in k.emitted if ts < durable_before}
     assert len(must_survive) > 50, "the kill came too early to prove anything"
     missing = sorted(must_survive - set(on_disk))
     assert not missing, f"lost events older than one flush interval: {missing[:10]}"
+    # A batch is written one event type at a time, so a kill mid-batch may leave gaps,
+    # but only among the events of the last flush interval; the recovery counts them.
+    gaps = set(range(on_disk[-1] + 1)) - set(on_disk)
+    assert all(emitted.get(seq, k.killed_ns) >= durable_before for seq in gaps)
+    assert recovery.events == len(on_disk) and recovery.seq_gaps == {0: len(gaps)}
     # Nothing invented: at most the one event whose log line the kill cut off.
     assert len(set(on_disk) - set(emitted)) <= 1
-    assert run_seqs(run)[-1] <= max(emitted) + 1
+    assert on_disk[-1] <= max(emitted) + 1
 
 
 def test_sigkill_loses_at_most_one_flush_interval(killed: Killed) -> None:
@@ -218,3 +222,29 @@ def test_resume_continues_the_same_run_and_sequence(
     assert loaded["seq_position"].to_list() == [seq_position]
     assert loaded["seq"].to_list()[0] > seq_position  # after the resumed run_started
     assert event_counts(run).of("run_started") == 2
+
+
+def test_continuing_a_run_written_by_a_newer_schema_is_refused(
+    killed_at_checkpoint: Killed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process through :func:`esper.cli.main` (same code path, no second torch import)."""
+    from esper.cli import main as esper_main
+    from esper.telemetry.events import SCHEMA_VERSION
+
+    tel = _copy(killed_at_checkpoint, tmp_path)
+    path = tel / RUN_ID / "manifest.json"
+    data = json.loads(path.read_text())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(data))
+    before = sorted(p.name for p in (tel / RUN_ID).rglob("*"))
+    ckpt = tel / RUN_ID / "checkpoint.pt"
+    args = train_args(
+        killed_at_checkpoint.config, tel, RUN_ID, "--resume", str(ckpt), "--continue-run"
+    )
+    code = esper_main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot resume")
+    assert f"v{SCHEMA_VERSION + 1}" in lines[0]
+    assert sorted(p.name for p in (tel / RUN_ID).rglob("*")) == before  # nothing touched

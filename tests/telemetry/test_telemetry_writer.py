@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from _telemetry_support import all_seqs, minimal_event, read_type
 
@@ -154,8 +155,17 @@ def test_rolling_compaction_bounds_the_number_of_files(tmp_path: Path) -> None:
         hub.flush()
     assert len(list_parts(directory)) <= 3
     assert hub.manifest_counters.compactions == 1
+    (_, rolled), *_ = list_parts(directory)
+    rolled_mtime = rolled.stat().st_mtime_ns
     hub.close()
-    assert len(list_parts(directory)) == 1
+    # Close merges only the stretch since the last rolling compaction: the earlier
+    # compacted file is not rewritten, and the closed run is all zstd.
+    parts = list_parts(directory)
+    assert len(parts) == 2
+    assert parts[0][1] == rolled and rolled.stat().st_mtime_ns == rolled_mtime
+    for _, path in parts:
+        meta = pq.read_metadata(path)
+        assert meta.row_group(0).column(0).compression == "ZSTD"
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(
         range(ROLLING_COMPACT_PARTS + 2)
     )

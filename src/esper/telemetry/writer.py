@@ -230,10 +230,16 @@ class EventWriter:
                 fresh.clear()
 
     def _compact_all(self) -> None:
-        for tag in sorted(EVENT_TYPES):
-            parts = [p for _, p in list_parts(type_rank_dir(self.run_dir, tag, self.rank))]
-            if len(parts) > 1:
-                self._merge(tag, parts)
+        """Merge the parts written since the last rolling compaction, one file per type.
+
+        Earlier compacted files are left as they are, so closing costs time proportional
+        to the last stretch of the run, not to the whole run. A single fresh part is
+        rewritten too: parts are lz4 while the run goes, a closed run is all zstd.
+        """
+        for tag in sorted(self._fresh):
+            fresh = self._fresh[tag]
+            if fresh:
+                self._merge(tag, list(fresh))
         self._fresh.clear()
 
     def _merge(self, tag: str, inputs: list[Path]) -> None:

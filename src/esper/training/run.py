@@ -21,7 +21,7 @@ import esper
 from esper.config import Config, with_overrides
 from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
-from esper.errors import UserError
+from esper.errors import CheckpointError, UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
 from esper.policy.protocol import Policy
@@ -97,7 +97,13 @@ def train(
     learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
     start_round = 0
     if state is not None:
-        learner.load_state_dict(state["learner"])
+        try:
+            learner.load_state_dict(state["learner"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"{resume}: the checkpoint's policy state does not fit this configuration "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         start_round = int(state["next_round"])
     hub = (
         telemetry if telemetry is not None else _open_hub(cfg, run_id, parent, state, continue_run)
@@ -185,7 +191,7 @@ def _run_identity(cfg: Config, state: dict[str, Any] | None, continue_run: bool)
         return validate_run_id(cfg.run.run_id or default_run_id(cfg)), ""
     parent = str(state["run_id"])
     if continue_run:
-        return parent, ""
+        return validate_run_id(parent), ""
     child = cfg.run.run_id if cfg.run.run_id and cfg.run.run_id != parent else ""
     return validate_run_id(child or f"{parent}-resume{int(state['next_round'])}"), parent
 

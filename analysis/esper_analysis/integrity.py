@@ -1,0 +1,101 @@
+"""Integrity checks that keep damaged or foreign files from crashing an analysis.
+
+Two layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
+columns do not have the catalogue's types for its event type (the loader then treats
+it like an unreadable file); :func:`corrupt_data_errors` turns a scan that fails on
+damaged data pages, which only a full read can find, into :class:`CorruptFileError`
+naming the file. Every public analysis runs under :func:`guard_corrupt_data`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Concatenate, Final, ParamSpec, TypeVar
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from polars.datatypes import DataTypeClass
+
+from esper_analysis.errors import CorruptFileError
+from esper_analysis.schema import event_schema
+
+if TYPE_CHECKING:
+    from esper_analysis.loader import Run
+
+P = ParamSpec("P")
+R = TypeVar("R")
+#: Unsigned file columns up to this width fit the catalogue's Int64.
+_MAX_UNSIGNED_BITS: Final = 32
+
+
+class ForeignTableError(ValueError):
+    """A Parquet file whose columns lack the catalogue's types for its event type."""
+
+
+def _same_kind(t: pa.DataType, d: pl.DataType | DataTypeClass) -> bool:
+    """Whether a file column of type ``t`` scans into catalogue dtype ``d`` (upcasts only)."""
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if isinstance(d, pl.List):
+        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _same_kind(
+            t.value_type, d.inner
+        )
+    if d == pl.Int64:
+        return bool(pa.types.is_signed_integer(t)) or bool(
+            pa.types.is_unsigned_integer(t) and t.bit_width <= _MAX_UNSIGNED_BITS
+        )
+    if d == pl.Float64:
+        return bool(pa.types.is_floating(t))
+    if d == pl.Boolean:
+        return bool(pa.types.is_boolean(t))
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def check_columns(meta: pq.FileMetaData, event_type: str) -> None:
+    """Reject, from the footer alone, a file that is not a table of ``event_type``."""
+    expected = event_schema(event_type)
+    actual = meta.schema.to_arrow_schema()
+    if "seq" not in actual.names:
+        raise ForeignTableError(f"no seq column: not an {event_type} table")
+    bad = [
+        f"{f.name} is {f.type}"
+        for f in actual
+        if f.name in expected and not _same_kind(f.type, expected[f.name])
+    ]
+    if bad:
+        raise ForeignTableError(f"not an {event_type} table ({'; '.join(bad)})")
+
+
+@contextmanager
+def corrupt_data_errors(run: Run) -> Iterator[None]:
+    """Turn a scan that failed on damaged data pages into :class:`CorruptFileError`.
+
+    Footers are checked when a run is loaded; data pages only when a scan reads them, so
+    every public analysis runs under this guard (see :func:`guard_corrupt_data`). An
+    error no file explains is a bug and propagates unchanged.
+    """
+    try:
+        yield
+    except pl.exceptions.PolarsError as exc:
+        bad = run.find_corrupt_files()
+        if not bad:
+            raise
+        where = ", ".join(b.path for b in bad)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CorruptFileError(f"corrupt Parquet data in {where}: {first}") from None
+
+
+def guard_corrupt_data(fn: Callable[Concatenate[Run, P], R]) -> Callable[Concatenate[Run, P], R]:
+    """``fn(run, ...)`` under :func:`corrupt_data_errors` (the public analyses)."""
+
+    @functools.wraps(fn)
+    def guarded(run: Run, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with corrupt_data_errors(run):
+            return fn(run, *args, **kwargs)
+
+    return guarded

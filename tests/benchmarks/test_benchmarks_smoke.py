@@ -1,0 +1,158 @@
+"""The benchmark scripts cannot rot: each runs end to end in ``--quick`` mode.
+
+Each test runs a script as a user would (a subprocess, its own command line), into a
+temporary results directory, and checks the JSON it writes: the machine block, the
+figures the README quotes, and the relations that must hold whatever the machine (a
+NullHub emit is cheaper than a recorded one; Parquet is smaller than JSON lines; the
+analyses agree with the synthetic run they read). The numbers of a quick run mean
+nothing; these are not timed tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+#: A quick script takes a few seconds; this only catches a hang.
+SCRIPT_TIMEOUT_S = 300
+MACHINE_KEYS = {"cpu_model", "cores", "versions", "torch_threads", "date", "load_average"}
+
+
+def run_script(name: str, out: Path, *extra: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result_name = "eps" if name == "eps" else name
+    data: dict[str, Any] = json.loads((out / f"{result_name}.json").read_text())
+    assert set(data["machine"]) >= MACHINE_KEYS, data["machine"]
+    assert data["machine"]["versions"]["torch"] != "not installed"
+    assert data["quick"] is True
+    assert not list(out.glob(".*.tmp")), "atomic write left its tmp file"
+    return data
+
+
+def positive(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+def test_eps_trainer_and_floor(tmp_path: Path) -> None:
+    data = run_script("eps", tmp_path)
+    results = data["results"]
+    assert [(r["task"], r["config"]["n_envs"]) for r in results] == [("digits", 1), ("digits", 2)]
+    for r in results:
+        assert positive(r["trainer"]["eps"]) and positive(r["floor"]["eps"])
+        assert r["ratio"] == pytest.approx(r["trainer"]["eps"] / r["floor"]["eps"])
+        assert r["config"]["telemetry_level"] == "normal"
+        # The trainer's phases come from its own round_finished events.
+        assert {"train", "val", "policy", "action", "ppo"} <= set(r["trainer"]["phases_ms"])
+        assert positive(r["floor"]["phases_ms"]["train"])
+
+
+def test_telemetry_overhead_levels(tmp_path: Path) -> None:
+    data = run_script("telemetry_overhead", tmp_path)
+    levels = data["levels"]
+    assert list(levels) == ["off", "lifecycle", "normal", "debug"]
+    assert levels["off"]["ratio_to_off"] == pytest.approx(1.0)
+    assert levels["off"]["events"] == 0  # level off writes nothing at all
+    assert 0 < levels["lifecycle"]["events"] < levels["normal"]["events"]
+    assert all(positive(v["eps"]) for v in levels.values())
+
+
+def test_emit_costs(tmp_path: Path) -> None:
+    data = run_script("emit", tmp_path)
+    v = data["variants"]
+    assert set(v) == {"recorded", "filtered", "null"}
+    for r in v.values():
+        assert positive(r["median_ns"]) and r["p99_ns"] >= r["median_ns"]
+    assert v["recorded"]["blocked_emits"] == 0  # queue sized to hold a repeat
+    assert v["null"]["median_ns"] < v["recorded"]["median_ns"]
+    # The mix is a real run's: the four per-env-step events dominate.
+    top = sorted(v["recorded"]["mix"].items(), key=lambda kv: -kv[1])[:4]
+    assert {t for t, _ in top} == {
+        "env_step",
+        "action_taken",
+        "reward_computed",
+        "counterfactual_computed",
+    }
+
+
+def test_writer_against_jsonl(tmp_path: Path) -> None:
+    data = run_script("writer", tmp_path)
+    w = data["writers"]
+    assert positive(w["parquet"]["events_per_s"]) and positive(w["jsonl"]["events_per_s"])
+    assert 0 < w["parquet"]["bytes_per_event"] < w["jsonl"]["bytes_per_event"]
+    assert data["speedup"] == pytest.approx(
+        w["parquet"]["events_per_s"] / w["jsonl"]["events_per_s"]
+    )
+    assert all(c["events_written"] == data["events"] + 1 for c in data["parquet_writer_counters"])
+    memory = data["memory"]
+    assert memory["events"] > data["events"]
+    assert len(memory["rss_mb_at_marks"]) == 10 and all(map(positive, memory["rss_mb_at_marks"]))
+
+
+def test_analysis_against_scan(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    data = run_script("analysis", tmp_path / "out", "--cache", str(cache))
+    run = data["median_analyses_run"]
+    assert run["baseline_ok"] is True  # a run checked against its own baseline
+    assert run["reward_flagged_rows"] == 0  # synthetic rewards sum to their totals
+    assert run["events"] == data["events"] >= 100_000 * 0.9
+    assert data["scan_rows"] == data["events"]
+    assert data["synthesis_s"] is not None
+    for m in data["measurements"].values():
+        assert positive(m["seconds"]) and positive(m["peak_rss_mb"])
+    # A second invocation reuses the cached run instead of writing it again.
+    again = run_script("analysis", tmp_path / "out2", "--cache", str(cache))
+    assert again["synthesis_s"] is None
+
+
+def test_train_phase_variants(tmp_path: Path) -> None:
+    data = run_script("train_phase", tmp_path)
+    ms = data["ms_per_env_epoch"]
+    assert len(ms) == 6 and all(positive(v) for v in ms.values())
+    assert data["ratio_to_floor"]["floor (env after env)"] == pytest.approx(1.0)
+
+
+def test_floor_matches_trainer_split() -> None:
+    """The floor trains each env on exactly the samples the trainer's iterator gives it."""
+    sys.path.insert(0, str(BENCH))
+    import _trainer as T
+    import torch
+
+    from esper.data.iterator import SharedBatchIterator
+
+    for n_envs, cap in ((1, None), (3, 100), (8, None)):
+        overrides = {"task.train_samples_per_env": cap} if cap else {}
+        cfg = T.bench_config("digits", n_envs=n_envs, level="off", threads=1, overrides=overrides)
+        data = T.load_data(cfg)
+        it = SharedBatchIterator(
+            data.train_x,
+            data.train_y,
+            n_envs=n_envs,
+            batch_size=cfg.task.batch_size,
+            seed=cfg.run.seed,
+            samples_per_env=cfg.task.train_samples_per_env,
+        )
+        fd = T._floor_data(cfg, data, torch.device("cpu"))
+        assert fd.per_env == it.per_env
+        assert fd.channels_last == cfg.task.channels_last
+        for epoch in (0, 7):
+            used = n_envs * fd.per_env
+            idx = T.floor_epoch_indices(cfg.run.seed, epoch, data.train_y.shape[0], used)
+            assert torch.equal(idx.view(n_envs, fd.per_env), it.epoch_indices(epoch))
+        n_val = min(data.val_y.shape[0], cfg.task.val_samples or data.val_y.shape[0])
+        assert sum(yb.shape[0] for _, yb in fd.val) == n_val
