@@ -238,7 +238,7 @@ class Run:
 def _as_int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf in a damaged manifest
         return None
 
 
@@ -265,7 +265,9 @@ def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> R
     beat = _as_int(manifest.get("heartbeat_ns"))
     if beat is None:
         return RunStatus.CRASHED
-    flush_s = manifest.get("flush_interval_s", _DEFAULT_FLUSH_S)
+    flush_s = manifest.get("flush_interval_s")
+    if not isinstance(flush_s, int | float) or not flush_s > 0:  # absent or damaged
+        flush_s = _DEFAULT_FLUSH_S
     stale_s = max(MIN_STALE_S, STALE_INTERVALS * float(flush_s))
     now = time.time_ns() if now_ns is None else now_ns
     return RunStatus.CRASHED if now - beat > stale_s * _NS_PER_S else RunStatus.RUNNING

@@ -1,16 +1,16 @@
 """Bad input: each mistake is ONE ``error:`` line naming the problem, exit 2, no traceback.
 
-Mistakes caught before training runs are checked through the real CLI in subprocesses
-(cheap: they fail before torch is imported). Those that need torch to be found (data
-sets, checkpoints) go through :func:`esper.cli.main` in-process, the same code path
-without paying a torch import per case; one of them (the crafted checkpoint) is also
-checked in a subprocess, since it must not run code in the process that loads it.
+Every case runs through :func:`esper.cli.main` in-process (the CLI's whole code path;
+an escaping exception would fail the test, as a traceback would), and a representative
+subset also through the real ``esper`` program in a subprocess, which adds what only a
+process shows: the exit status and stderr as a user sees them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,16 @@ from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.hub import open_run
 
 NEWER = SCHEMA_VERSION + 1
+
+
+def in_process(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """``esper ARGS`` through :func:`esper.cli.main`, shaped like a finished subprocess."""
+    capsys.readouterr()
+    code = esper_main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["esper", *args], code, out, err)
 
 
 def _config_file(tmp: Path, name: str, text: str) -> Path:
@@ -53,12 +63,28 @@ CONFIG_CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+#: Cases also run as real subprocesses (the rest only in-process).
+SUBPROCESS_CASES = frozenset(
+    {"unknown-key", "wrong-type", "zero-envs", "fault-unknown-kind", "run-id-traversal"}
+)
+
+
+def _run(
+    case: str, args: list[str], capsys: pytest.CaptureFixture[str], subprocess_too: bool
+) -> list[subprocess.CompletedProcess[str]]:
+    procs = [in_process(args, capsys)]
+    if subprocess_too and case in SUBPROCESS_CASES:
+        procs.append(run_esper(args))
+    return procs
+
+
 @pytest.mark.parametrize("case", sorted(CONFIG_CASES))
-def test_bad_config_file(tmp_path: Path, case: str) -> None:
+def test_bad_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
     name, text, needles = CONFIG_CASES[case]
     path = _config_file(tmp_path, name, text)
-    proc = run_esper(["train", "--config", str(path), "--telemetry-dir", str(tmp_path / "t")])
-    assert_user_error(proc, str(path), *needles)
+    args = ["train", "--config", str(path), "--telemetry-dir", str(tmp_path / "t")]
+    for proc in _run(case, args, capsys, subprocess_too=True):
+        assert_user_error(proc, str(path), *needles)
     assert not (tmp_path / "t").exists(), "nothing written for a rejected config"
 
 
@@ -85,11 +111,18 @@ FLAG_CASES: dict[str, tuple[list[str], tuple[str, ...]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(FLAG_CASES))
-def test_bad_command_line(tmp_path: Path, case: str) -> None:
+def test_bad_command_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+) -> None:
     flags, needles = FLAG_CASES[case]
     tel = tmp_path / "tel"
-    proc = run_esper(["train", "--telemetry-dir", str(tel), "--no-progress", *flags], cwd=tmp_path)
-    assert_user_error(proc, *needles)
+    monkeypatch.chdir(tmp_path)  # relative paths in the flags resolve here
+    args = ["train", "--telemetry-dir", str(tel), "--no-progress", *flags]
+    for proc in _run(case, args, capsys, subprocess_too=True):
+        assert_user_error(proc, *needles)
     assert not tel.exists() and not (tmp_path / "evil").exists()
     assert not Path("/tmp/evil").exists()
 
@@ -278,53 +311,58 @@ def test_corrupt_parquet_footer(tmp_path: Path) -> None:
     assert_user_error(proc, "corrupt parquet", str(part.relative_to(tmp_path)))
 
 
-def test_corrupt_parquet_data_pages(tmp_path: Path) -> None:
+def test_corrupt_parquet_data_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _finished_run(tmp_path)
     part = next((run_dir / "events" / "env_step").rglob("*.parquet"))
     raw = bytearray(part.read_bytes())
     footer = int.from_bytes(raw[-8:-4], "little") + 8  # footer, its length, "PAR1"
     raw[4 : len(raw) - footer] = bytes(len(raw) - footer - 4)  # every data page zeroed
     part.write_bytes(bytes(raw))
-    proc = run_esper(["analyze", "throughput", str(run_dir)])
+    proc = in_process(["analyze", "throughput", str(run_dir)], capsys)
     assert_user_error(proc, "corrupt parquet", "env_step")
 
 
-def test_corrupt_manifest(tmp_path: Path) -> None:
+def test_corrupt_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _finished_run(tmp_path)
     (run_dir / "manifest.json").write_text('{"run_id": "done", "status": ')
-    proc = run_esper(["analyze", "counts", str(run_dir)])
+    proc = in_process(["analyze", "counts", str(run_dir)], capsys)
     assert_user_error(proc, "manifest", "manifest.json")
 
 
-def test_run_directory_from_a_newer_schema_version(tmp_path: Path) -> None:
+def test_run_directory_from_a_newer_schema_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = _finished_run(tmp_path)
     path = run_dir / "manifest.json"
     data = json.loads(path.read_text())
     data["schema_version"] = NEWER
     path.write_text(json.dumps(data))
-    proc = run_esper(["analyze", "counts", str(run_dir)])
+    proc = in_process(["analyze", "counts", str(run_dir)], capsys)
     assert_user_error(proc, f"schema version {NEWER}", "upgrade")
 
 
-def test_part_file_from_a_newer_schema_version(tmp_path: Path) -> None:
+def test_part_file_from_a_newer_schema_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = _finished_run(tmp_path)
     part = next((run_dir / "events" / "round_started").rglob("*.parquet"))
     table = pq.read_table(part)
     meta = dict(table.schema.metadata or {})
     meta[b"esper.schema_version"] = str(NEWER).encode()
     pq.write_table(table.replace_schema_metadata(meta), part)
-    proc = run_esper(["analyze", "rewards", str(run_dir)])
+    proc = in_process(["analyze", "rewards", str(run_dir)], capsys)
     assert_user_error(proc, f"schema version {NEWER}", part.name)
 
 
-def test_missing_run_directory(tmp_path: Path) -> None:
-    proc = run_esper(["analyze", "counts", str(tmp_path / "nope")])
+def test_missing_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = in_process(["analyze", "counts", str(tmp_path / "nope")], capsys)
     assert_user_error(proc, "does not exist", "nope")
 
 
-def test_not_a_run_directory(tmp_path: Path) -> None:
+def test_not_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "stuff").mkdir()
-    proc = run_esper(["analyze", "report", str(tmp_path / "stuff"), "-o", str(tmp_path / "r")])
+    args = ["analyze", "report", str(tmp_path / "stuff"), "-o", str(tmp_path / "r")]
+    proc = in_process(args, capsys)
     assert_user_error(proc, "not a run directory")
 
 

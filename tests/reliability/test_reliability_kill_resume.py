@@ -44,6 +44,8 @@ KILLED_ROUNDS = 200
 EXTRA_ROUNDS = 2
 MAX_KILL_DELAY_S = 1.5
 RUN_ID = "victim"
+#: Events a kill must find durable for the test to mean something (round 0 emits ~45).
+MIN_DURABLE = 20
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def check_recovered_everything_durable(k: Killed) -> None:
     emitted = dict(k.emitted)
     durable_before = k.killed_ns - int(FLUSH_INTERVAL_S * NS_PER_S)
     must_survive = {seq for seq, ts in k.emitted if ts < durable_before}
-    assert len(must_survive) > 50, "the kill came too early to prove anything"
+    assert len(must_survive) > MIN_DURABLE, "the kill came too early to prove anything"
     missing = sorted(must_survive - set(on_disk))
     assert not missing, f"lost events older than one flush interval: {missing[:10]}"
     # A batch is written one event type at a time, so a kill mid-batch may leave gaps,
