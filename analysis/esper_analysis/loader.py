@@ -449,7 +449,8 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path]) -> _Discovered:
                 continue
             try:
                 part = _describe(path, event_type, rank)
-            except (OSError, pa.ArrowException, ForeignTableError) as exc:
+            # A scribbled footer can also surface as bad UTF-8 in column paths.
+            except (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError) as exc:
                 if not tolerant:
                     raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
                 reason = f"unreadable Parquet ({exc})"

@@ -53,10 +53,22 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "policy_nan:round=0",
         rounds=2,
     )
-    proc = run_esper(args)
+    proc = run_esper(args, env=cli_env(**{EMIT_LOG_ENV: str(root / "emitted.txt")}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     return root / "tel" / "faulted"
+
+
+def test_the_emission_side_channel_is_exact(faulted: Path) -> None:
+    """What the crash tests compare with: one line per recorded event, nothing else. The
+    final ``writer_stats`` is appended by the hub's close, past the wrapper; the policy
+    NaN's debug escalation goes through the wrapper's ``set_level``."""
+    logged = [seq for seq, _ in read_emit_log(faulted.parent.parent / "emitted.txt")]
+    on_disk = run_seqs(load_run(faulted))
+    assert logged == sorted(set(logged))
+    stats_seq = rows(faulted, "writer_stats")["seq"].to_list()
+    assert sorted([*logged, *stats_seq]) == on_disk
+    assert rows(faulted, "telemetry_level_changed").height >= 1
 
 
 def _analyze(kind: str, run_dir: Path) -> dict:
