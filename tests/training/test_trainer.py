@@ -290,9 +290,7 @@ def test_every_event_type_has_a_level() -> None:
     assert all(level >= TelemetryLevel.LIFECYCLE for level in EVENT_LEVELS.values())
 
 
-def test_anomaly_escalates_to_debug_for_a_bounded_number_of_rounds(
-    tmp_path: Path, digits
-) -> None:
+def test_anomaly_escalates_to_debug_for_a_bounded_number_of_rounds(tmp_path: Path, digits) -> None:
     cfg = small_config(
         tmp_path, **{"run.rounds": 3, "run.episode_length": 3, "telemetry.escalation_rounds": 1}
     )
