@@ -307,3 +307,29 @@ def test_anomaly_escalates_to_debug_for_a_bounded_number_of_rounds(tmp_path: Pat
     stats = [e for e in hub.events if event_tag(type(e)) == "layer_grad_stats"]
     assert len({(e.env, e.step) for e in stats}) == 3 * 3
     assert all(math.isfinite(e.grad_norm) and e.param_norm > 0 for e in stats)
+
+
+def test_ctrl_c_before_the_first_round_marks_the_run_interrupted(tmp_path: Path, digits) -> None:
+    class InterruptOnStart(MemoryHub):
+        def emit(self, event: Any) -> None:
+            if event_tag(type(event)) == "run_started":
+                raise KeyboardInterrupt
+            super().emit(event)
+
+    hub = InterruptOnStart(run_id="early", level=TelemetryLevel.NORMAL)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_config(tmp_path), data=digits, telemetry=hub, save=tmp_path / "x.pt")
+    assert hub.status == RunStatus.INTERRUPTED
+
+
+def test_bad_flag_value_names_the_flag() -> None:
+    import argparse
+
+    from esper.commands.train import build_config, configure_parser
+    from esper.config import ConfigError
+    from esper.core.enums import PolicyKind
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    with pytest.raises(ConfigError, match=r"^--envs: .*\$\.run\.n_envs"):
+        build_config(parser.parse_args(["--envs", "0"]), PolicyKind.PPO)

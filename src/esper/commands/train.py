@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from esper.config import Config, load_config, with_overrides
+from esper.config import Config, ConfigError, load_config, with_overrides
 from esper.core.enums import PolicyKind, TelemetryLevel
 
 HELP = "train the seed policy with vectorized PPO (telemetry to Parquet)"
@@ -84,7 +84,19 @@ def build_config(args: argparse.Namespace, kind: PolicyKind) -> Config:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[path] = value
-    return with_overrides(cfg, overrides)
+    try:
+        return with_overrides(cfg, overrides)
+    except ConfigError as exc:
+        raise ConfigError(_name_flag(str(exc))) from None
+
+
+def _name_flag(message: str) -> str:
+    """Point at the command-line flag when the bad value came from one."""
+    for attr, path in _OVERRIDES.items():
+        if f"$.{path}" in message:
+            flag = "--" + attr.replace("_", "-")
+            return f"{flag}: {message.removeprefix('overrides: ')}"
+    return message
 
 
 def run(args: argparse.Namespace) -> int:

@@ -108,22 +108,43 @@ def train(
     hub = (
         telemetry if telemetry is not None else _open_hub(cfg, run_id, parent, state, continue_run)
     )
+    try:
+        trainer = _start_run(cfg, hub, data, learner, faults, progress, parent, start_round)
+        if state is not None and resume is not None:
+            hub.emit(
+                ev.CheckpointLoaded(
+                    path=str(resume),
+                    next_round=start_round,
+                    parent_run_id=str(state["run_id"]),
+                    seq_position=int(state["seq_position"]),
+                )
+            )
+    except KeyboardInterrupt:  # before the first round: nothing to checkpoint yet
+        hub.close(RunStatus.INTERRUPTED, "interrupted by user (Ctrl-C) before the first round")
+        raise
+    except BaseException as exc:
+        hub.close(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        raise
     run_dir = getattr(hub, "run_dir", None)
     ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
+    return _run_rounds(cfg, trainer, learner, hub, start_round, ckpt_path, run_dir)
+
+
+def _start_run(
+    cfg: Config,
+    hub: Hub,
+    data: TaskData,
+    learner: Learner,
+    faults: FaultPlan | None,
+    progress: ProgressFn | None,
+    parent: str,
+    start_round: int,
+) -> VectorizedTrainer:
     trainer = VectorizedTrainer(
         cfg, hub=hub, task=data, learner=learner, faults=faults, progress=progress
     )
     hub.emit(_run_started(cfg, learner, parent, start_round))
-    if state is not None and resume is not None:
-        hub.emit(
-            ev.CheckpointLoaded(
-                path=str(resume),
-                next_round=start_round,
-                parent_run_id=str(state["run_id"]),
-                seq_position=int(state["seq_position"]),
-            )
-        )
-    return _run_rounds(cfg, trainer, learner, hub, start_round, ckpt_path, run_dir)
+    return trainer
 
 
 def _run_rounds(
