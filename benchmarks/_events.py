@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import itertools
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import _trainer as T
@@ -41,7 +43,8 @@ def record_mix(*, quick: bool = False, n_envs: int = 4) -> list[Event]:
         overrides=None if quick else MIX_OVERRIDES,
     )
     hub = MemoryHub("mix", level=TelemetryLevel.NORMAL)
-    train(cfg, data=T.load_data(cfg), telemetry=hub)
+    with tempfile.TemporaryDirectory(prefix="esper-mix-") as scratch:  # the checkpoint
+        train(cfg, data=T.load_data(cfg), telemetry=hub, save=Path(scratch) / "ckpt.pt")
     return [e for e in hub.events if event_tag(type(e)) not in ONCE_PER_RUN]
 
 
