@@ -97,7 +97,7 @@ class Learner:
         if self.buffer is not None:
             self.buffer.add(
                 step,
-                obs=self.obs_norm.normalize(d.obs),
+                obs=d.obs_normalized,
                 blueprint_ids=d.blueprint_ids,
                 masks=d.masks,
                 actions=d.actions,

@@ -81,7 +81,7 @@ class Decision:
     """The policy's choice for all envs, already on the host (one transfer)."""
 
     rows: list[list[float]]
-    obs: torch.Tensor
+    obs_normalized: torch.Tensor  # what the policy saw; what the buffer stores
     blueprint_ids: torch.Tensor
     masks: ActionMasks
     actions: torch.Tensor
@@ -300,8 +300,9 @@ class VectorizedTrainer:
         )
         obs, bp_ids = self._features(envs, step, reports)
         t1 = time.perf_counter()
+        obs_normalized = self.learner.normalize_obs(obs)
         inp = PolicyInput(
-            obs=self.learner.normalize_obs(obs),
+            obs=obs_normalized,
             blueprint_ids=bp_ids,
             masks=masks,
             reports=reports,
@@ -323,7 +324,7 @@ class VectorizedTrainer:
         times.policy_ms += (time.perf_counter() - t1) * 1e3
         return Decision(
             rows=rows,
-            obs=obs,
+            obs_normalized=obs_normalized,
             blueprint_ids=bp_ids,
             masks=masks,
             actions=out.actions,
@@ -364,9 +365,11 @@ class VectorizedTrainer:
         self._emit_pending_rewards(envs, rnd)  # the previous step's, past its governor check
         raw: list[float] = []
         breakdowns = []
+        op_names: list[str] = []
         for env, row in zip(envs, d.rows, strict=True):
             indices = [int(v) for v in row[:n_heads]]
             action = decode_action(indices, self.space)
+            op_names.append(action.op.name)
             outcome = execute_action(env, action, step=step, initiator=self.initiator)
             inputs = build_reward_inputs(
                 env, action, outcome, task=self.task.spec, terminal=terminal
@@ -397,8 +400,7 @@ class VectorizedTrainer:
                 )
         normalized = self.learner.record_step(step, d, raw, terminal=terminal)
         if normal:
-            for env, br, norm, row in zip(envs, breakdowns, normalized, d.rows, strict=True):
-                op = decode_action([int(v) for v in row[:n_heads]], self.space).op.name
+            for env, br, norm, op in zip(envs, breakdowns, normalized, op_names, strict=True):
                 if env.carried_penalty:
                     br = with_rollback_penalty(br, env.carried_penalty)
                     env.carried_penalty = 0.0
