@@ -222,23 +222,34 @@ def _parts(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "events").rglob("*.parquet"))
 
 
+#: Positions are drawn on a fixed scale and mapped onto the file at hand: file sizes and
+#: part counts depend on flush timing and timestamps, and Hypothesis needs draws that do
+#: not depend on external state (else it raises FlakyStrategyDefinition on replay).
+_POSITION_SCALE = 2**20
+
+
+def _position(draw: Any, n: int) -> int:
+    """An index in ``range(n)`` (n >= 1) drawn independently of ``n``."""
+    return draw(st.integers(0, _POSITION_SCALE - 1)) * n // _POSITION_SCALE
+
+
 def _pick(paths: list[Path], draw: Any) -> Path | None:
     """A part file with at least a Parquet header and trailer, if there is one."""
     sizable = [p for p in paths if p.stat().st_size >= _MIN_PARQUET_BYTES]
-    return draw(st.sampled_from(sizable)) if sizable else None
+    return sizable[_position(draw, len(sizable))] if sizable else None
 
 
 def _truncate(run_dir: Path, draw: Any) -> None:
     if (p := _pick(_parts(run_dir), draw)) is not None:
         raw = p.read_bytes()
-        p.write_bytes(raw[: draw(st.integers(0, max(len(raw) - 1, 0)))])
+        p.write_bytes(raw[: _position(draw, len(raw))])
 
 
 def _scribble(run_dir: Path, draw: Any) -> None:
     if (p := _pick(_parts(run_dir), draw)) is not None:
         raw = bytearray(p.read_bytes())
         for _ in range(draw(st.integers(1, 40))):
-            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+            raw[_position(draw, len(raw))] = draw(st.integers(0, 255))
         p.write_bytes(bytes(raw))
 
 
