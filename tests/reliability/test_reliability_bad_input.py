@@ -166,6 +166,35 @@ def test_missing_dataset_directory(tmp_path: Path, capsys: pytest.CaptureFixture
     _assert_one_error(*_cli(capsys, args), "CIFAR-10 directory not found", str(missing))
 
 
+def test_reused_run_id_is_refused_before_the_data_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run-directory check comes first: the dataset named here does not even exist."""
+    with open_run(tmp_path / "tel", "bad", level=TelemetryLevel.NORMAL):
+        pass
+    missing = tmp_path / "no-such-cifar"
+    args = _small_args(tmp_path, "--task", "cifar10", "--data-path", str(missing))
+    _assert_one_error(*_cli(capsys, args), "already has telemetry", "choose another run id")
+
+
+def test_telemetry_dir_under_a_file_is_refused_before_the_data_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "plain-file").write_text("")
+    args = _small_args(tmp_path, "--task", "cifar10", "--data-path", str(tmp_path / "none"))
+    args[args.index("--telemetry-dir") + 1] = str(tmp_path / "plain-file" / "tel")
+    _assert_one_error(*_cli(capsys, args), "cannot create the run directory", "not a directory")
+    assert not (tmp_path / "tel").exists()
+
+
+def test_unknown_host_slot_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_small_config(tmp_path)
+    config.write_text(config.read_text() + '\n[host]\nslots = ["r9c9"]\n')
+    args = train_args(config, tmp_path / "tel", "bad", rounds=1)
+    _assert_one_error(*_cli(capsys, args), "host", "unknown slot", "r9c9", "r0c0")
+    assert not (tmp_path / "tel" / "bad" / "checkpoint.pt").exists()
+
+
 def test_dataset_directory_missing_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -31,18 +31,32 @@ from esper.telemetry.paths import EVENTS_DIR, list_parts, manifest_path, type_ra
 from esper.telemetry.sink import PartSink
 
 
-def prepare_new(run_dir: Path, manifest: Manifest) -> None:
-    """Create the run directory; refuse to mix a new run into an existing one."""
-    path = manifest_path(run_dir, manifest.rank)
-    has_parts = any(list_parts(type_rank_dir(run_dir, tag, manifest.rank)) for tag in EVENT_TYPES)
-    if path.exists() or has_parts:
+def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
+    """Refuse, before any expensive work, a run directory a new run cannot use.
+
+    Called by the trainer before it loads data, so a reused run id or an unwritable
+    telemetry directory is reported in a second rather than after the dataset is read.
+    """
+    if manifest_path(run_dir, rank).exists() or any(
+        list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES
+    ):
         raise UserError(
-            f"run {manifest.run_id!r} already has telemetry for rank {manifest.rank} in "
+            f"run {run_id!r} already has telemetry for rank {rank} in "
             f"{run_dir}; choose another run id, or resume it"
         )
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UserError(f"cannot create the run directory {run_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot create the run directory {run_dir}: {existing} is not writable")
+
+
+def prepare_new(run_dir: Path, manifest: Manifest) -> None:
+    """Create the run directory; refuse to mix a new run into an existing one."""
+    check_new_run_dir(run_dir, run_id=manifest.run_id, rank=manifest.rank)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(path, manifest)
+        write_manifest(manifest_path(run_dir, manifest.rank), manifest)
     except OSError as exc:
         raise UserError(f"cannot create the run directory {run_dir}: {exc}") from None
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import esper
-from esper.config import Config, with_overrides
+from esper.config import Config, ConfigError, with_overrides
 from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.errors import CheckpointError, UserError
@@ -28,7 +28,8 @@ from esper.policy.protocol import Policy
 from esper.telemetry import events as ev
 from esper.telemetry.emit_log import with_emit_log
 from esper.telemetry.hub import Hub, open_run
-from esper.telemetry.paths import validate_run_id
+from esper.telemetry.paths import resolve_run_dir, validate_run_id
+from esper.telemetry.resume import check_new_run_dir
 from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
 from esper.training.faults import FaultPlan
 from esper.training.learner import Learner
@@ -69,7 +70,11 @@ def default_run_id(cfg: Config) -> str:
 
 
 def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
-    probe = build_model(cfg.host, data.spec, seed=cfg.run.seed)
+    """The policy's action space, from a probe model (which also validates ``host``)."""
+    try:
+        probe = build_model(cfg.host, data.spec, seed=cfg.run.seed)
+    except ValueError as exc:  # e.g. host.slots naming a slot this host does not have
+        raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
     return ActionSpace(slot_ids=probe.slot_ids, topology=probe.topology)
 
 
@@ -92,6 +97,8 @@ def train(
     state = load_checkpoint(resume, cfg) if resume is not None else None
     run_id, parent = _run_identity(cfg, state, continue_run)
     cfg = with_overrides(cfg, {"run.run_id": run_id})
+    if telemetry is None:
+        _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None)
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
     space = action_space_for(cfg, data)
     learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
@@ -215,6 +222,12 @@ def _run_identity(cfg: Config, state: dict[str, Any] | None, continue_run: bool)
         return validate_run_id(parent), ""
     child = cfg.run.run_id if cfg.run.run_id and cfg.run.run_id != parent else ""
     return validate_run_id(child or f"{parent}-resume{int(state['next_round'])}"), parent
+
+
+def _check_telemetry_dir(cfg: Config, run_id: str, *, resumed: bool) -> None:
+    """Fail on an unusable run directory before the (possibly slow) data load."""
+    if cfg.telemetry.level_enum != TelemetryLevel.OFF and not resumed:
+        check_new_run_dir(resolve_run_dir(cfg.telemetry.dir, run_id), run_id=run_id)
 
 
 def _open_hub(
