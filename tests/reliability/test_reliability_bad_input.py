@@ -28,6 +28,8 @@ from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.hub import open_run
 
 NEWER = SCHEMA_VERSION + 1
+#: Byte positions flipped (evenly spaced) in the checkpoint-integrity test.
+FLIP_POSITIONS = 400
 
 
 def in_process(
@@ -293,6 +295,40 @@ def test_damaged_checkpoint(
     args = _small_args(tmp_path, "--resume", str(ckpt))
     needle = "not an esper checkpoint" if damage == "not-a-checkpoint" else "corrupt"
     _assert_one_error(*_cli(capsys, args), str(ckpt), needle)
+
+
+def test_no_single_flipped_byte_resumes_a_different_run(tmp_path: Path) -> None:
+    """A flip anywhere is refused, or loads exactly the saved state (padding bytes).
+
+    torch's zip reader does not verify tensor data; the checkpoint's own SHA-256 does.
+    """
+    import torch
+
+    from esper.errors import CheckpointError
+    from esper.training.checkpoint import load_checkpoint
+
+    cfg = _cli_config(tmp_path)
+    weights = {"w": torch.arange(4096, dtype=torch.float32)}
+    ckpt = _checkpoint_for(tmp_path, cfg, learner=weights)
+    original = load_checkpoint(ckpt, cfg)
+    raw = ckpt.read_bytes()
+    step = max(1, len(raw) // FLIP_POSITIONS)
+    loaded_intact = 0
+    for position in range(0, len(raw), step):
+        damaged = bytearray(raw)
+        damaged[position] ^= 0xFF
+        ckpt.write_bytes(bytes(damaged))
+        try:
+            state = load_checkpoint(ckpt, cfg)
+        except CheckpointError as exc:
+            assert str(ckpt) in str(exc)
+            continue
+        loaded_intact += 1
+        assert torch.equal(state["learner"]["w"], original["learner"]["w"]), position
+        assert {k: v for k, v in state.items() if k != "learner"} == {
+            k: v for k, v in original.items() if k != "learner"
+        }
+    assert loaded_intact < len(range(0, len(raw), step)) // 2  # most flips are caught
 
 
 def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,10 +3,16 @@
 Written atomically (temp file in the same directory, fsync, rename) and loaded with
 ``torch.load(weights_only=True)``, so a crafted file carrying pickled objects is
 rejected. Everything stored is tensors, numbers, strings, lists and dicts.
+
+The state is serialised once, and the file holds those bytes with their SHA-256:
+torch's zip reader does not verify tensor data, so without the digest a flipped byte in
+a weight would load silently and resume a different run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import pickle
 import re
@@ -20,9 +26,9 @@ import torch
 from esper.config import Config
 from esper.errors import CheckpointError
 
-CHECKPOINT_FORMAT = 1
-#: The line of torch's refusal that names the offending global, without the advice to
-#: retry with ``weights_only=False`` (which would execute the payload).
+CHECKPOINT_FORMAT = 2
+#: Format 1 (no digest) files from earlier versions still load, unverified.
+_LEGACY_FORMAT = 1
 #: Entries :func:`esper.training.run.train` reads, with their types.
 _REQUIRED: dict[str, type] = {
     "run_id": str,
@@ -30,6 +36,8 @@ _REQUIRED: dict[str, type] = {
     "seq_position": int,
     "learner": dict,
 }
+#: The line of torch's refusal that names the offending global, without the advice to
+#: retry with ``weights_only=False`` (which would execute the payload).
 _UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]*?)(?: was not an allowed|\.?\n|$)")
 
 
@@ -46,7 +54,14 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> int:
     """Atomically write ``state`` to ``path``; returns the size in bytes."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"format": CHECKPOINT_FORMAT, **state}
+    inner = io.BytesIO()
+    torch.save(state, inner)
+    raw = inner.getvalue()
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "state": torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+    }
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -63,22 +78,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> int:
 def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
     """Load safely; reject unsafe, corrupt or incompatible checkpoints with a clear error."""
     p = Path(path)
-    if not p.is_file():
-        raise CheckpointError(f"checkpoint not found: {p}")
-    try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{p}: refused to load ({_unpickler_reason(exc)}): checkpoints are loaded with "
-            "weights_only=True and may only hold tensors and plain data; this file carries "
-            "pickled Python objects or is corrupt"
-        ) from None
-    except Exception as exc:  # torch's zip/pickle readers fail in many ways on bad bytes
-        raise CheckpointError(
-            f"{p}: corrupt or truncated checkpoint: {type(exc).__name__}: {exc}"
-        ) from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{p}: not an Esper checkpoint (format {CHECKPOINT_FORMAT})")
+    state = read_checkpoint(p)
     missing = [k for k, t in _REQUIRED.items() if not isinstance(state.get(k), t)]
     if missing:
         raise CheckpointError(f"{p}: incomplete checkpoint (missing or bad: {', '.join(missing)})")
@@ -90,6 +90,55 @@ def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
             f"differences: {_config_diff(theirs, ours)}"
         )
     return state
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The verified state of a checkpoint, whatever configuration wrote it."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint not found: {p}")
+    return _unwrap(p, _safe_load(p, p))
+
+
+def _unwrap(p: Path, outer: Any) -> dict[str, Any]:
+    """The state inside a verified envelope (or a legacy format-1 file's own dict)."""
+    if not isinstance(outer, dict) or outer.get("format") not in (
+        CHECKPOINT_FORMAT,
+        _LEGACY_FORMAT,
+    ):
+        raise CheckpointError(f"{p}: not an Esper checkpoint (format {CHECKPOINT_FORMAT})")
+    if outer["format"] == _LEGACY_FORMAT:
+        return outer
+    blob, digest = outer.get("state"), outer.get("sha256")
+    if (
+        not isinstance(blob, torch.Tensor)
+        or blob.dtype != torch.uint8
+        or not isinstance(digest, str)
+    ):
+        raise CheckpointError(f"{p}: corrupt checkpoint: the envelope lacks its state or digest")
+    raw = blob.numpy().tobytes()
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise CheckpointError(f"{p}: corrupt checkpoint: SHA-256 of the state does not match")
+    state = _safe_load(io.BytesIO(raw), p)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{p}: corrupt checkpoint: the state is not a mapping")
+    return state
+
+
+def _safe_load(source: Path | io.BytesIO, p: Path) -> Any:
+    """``torch.load(weights_only=True)`` with every failure turned into a CheckpointError."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{p}: refused to load ({_unpickler_reason(exc)}): checkpoints are loaded with "
+            "weights_only=True and may only hold tensors and plain data; this file carries "
+            "pickled Python objects or is corrupt"
+        ) from None
+    except Exception as exc:  # torch's zip/pickle readers fail in many ways on bad bytes
+        raise CheckpointError(
+            f"{p}: corrupt or truncated checkpoint: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _unpickler_reason(exc: Exception) -> str:
