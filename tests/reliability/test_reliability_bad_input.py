@@ -189,7 +189,9 @@ def test_telemetry_dir_under_a_file_is_refused_before_the_data_load(
     assert not (tmp_path / "tel").exists()
 
 
-def test_unknown_host_slot_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_host_slot_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = write_small_config(tmp_path)
     config.write_text(config.read_text() + '\n[host]\nslots = ["r9c9"]\n')
     args = train_args(config, tmp_path / "tel", "bad", rounds=1)
