@@ -41,16 +41,8 @@ def parse_args(argv: list[str] | None) -> Any:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    info = C.machine_info(threads=args.threads)
-    C.print_machine(info)
-    configs = {
-        level: T.bench_config(
-            args.task, n_envs=args.n_envs, level=level, threads=args.threads, quick=args.quick
-        )
-        for level in args.levels
-    }
+def measure(args: Any, configs: dict[str, Any]) -> dict[str, list[T.Measurement]]:
+    """Runs of every level, alternating the order per repeat (median-friendly)."""
     data = T.load_data(configs["off"])
     if not args.quick:  # one unmeasured short run: first-call kernel setup
         T.run_trainer(with_overrides(configs["off"], {"run.episode_length": 2}), data)
@@ -60,11 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             m = T.run_trainer(configs[level], data)
             samples[level].append(m)
             print(f"  rep {rep}: {level:9s} {m.eps:.2f} EPS, {m.events} events", flush=True)
+    return samples
+
+
+def summarise(samples: dict[str, list[T.Measurement]]) -> dict[str, Any]:
+    """Per level: median EPS, ratios to ``off`` (medians and paired), events and bytes."""
     off = C.median([m.eps for m in samples["off"]])
     off_cpu = C.median([m.cpu_eps for m in samples["off"]])
     per_level: dict[str, Any] = {}
-    for level in args.levels:
-        ms = samples[level]
+    for level, ms in samples.items():
         eps = C.median([m.eps for m in ms])
         cpu_eps = C.median([m.cpu_eps for m in ms])
         steps = ms[0].env_steps
@@ -82,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_on_disk": ms[0].bytes_on_disk,
             "bytes_per_env_step": ms[0].bytes_on_disk / steps if steps else None,
         }
+    return per_level
+
+
+def report(args: Any, per_level: dict[str, Any]) -> None:
     C.print_table(
         f"Telemetry overhead ({args.task}, n_envs {args.n_envs}), median of {args.repeats}",
         [
@@ -116,6 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     if normal is not None:
         verdict = "meets" if normal >= NORMAL_TARGET else "MISSES"
         print(f"normal/off = {normal:.3f}: {verdict} the >= {NORMAL_TARGET} target", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    info = C.machine_info(threads=args.threads)
+    C.print_machine(info)
+    configs = {
+        level: T.bench_config(
+            args.task, n_envs=args.n_envs, level=level, threads=args.threads, quick=args.quick
+        )
+        for level in args.levels
+    }
+    per_level = summarise(measure(args, configs))
+    report(args, per_level)
     C.write_results(
         args.out,
         "telemetry_overhead",
