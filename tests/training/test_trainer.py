@@ -237,6 +237,13 @@ def test_data_error_flushes_and_checkpoints(tmp_path: Path, digits) -> None:
     import json
 
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+    # Steps 0-1 of round 1 completed: their reward events are written, the last one too
+    # (it waits a step for a possible rollback penalty, and the round died before that).
+    rewards = pl.read_parquet(run_dir / "events" / "reward_computed" / "**" / "*.parquet")
+    late = rewards.filter(pl.col("round") == 1)
+    n_envs = cfg.run.n_envs
+    assert late.height == 2 * n_envs
+    assert sorted(set(late["step"].to_list())) == [0, 1]
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path: Path, digits) -> None:

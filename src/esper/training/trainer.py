@@ -16,6 +16,7 @@ Collaborators (hub, task data, policy) are injected; see :mod:`esper.training.ru
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,16 +178,21 @@ class VectorizedTrainer:
         envs = self.factory.create_round(rnd)
         times = PhaseTimes()
         hidden = self.learner.begin_round(self.n_envs)
-        for step in range(self.horizon):
-            step_times = PhaseTimes()
-            stats, plans = self._host_work(envs, rnd, step, step_times)
-            self._after_epoch(envs, stats, plans, rnd, step)
-            decision = self._decide(envs, step, hidden, step_times)
-            self._act(envs, decision, rnd, step, step_times)
-            self._emit_env_steps(envs, stats, rnd, step, step_times)
-            times.add(step_times)
-            hidden = decision.hidden
-            self._report_progress(StepProgress(rnd, step, self.cfg.run.rounds, self.horizon))
+        try:
+            for step in range(self.horizon):
+                step_times = PhaseTimes()
+                stats, plans = self._host_work(envs, rnd, step, step_times)
+                self._after_epoch(envs, stats, plans, rnd, step)
+                decision = self._decide(envs, step, hidden, step_times)
+                self._act(envs, decision, rnd, step, step_times)
+                self._emit_env_steps(envs, stats, rnd, step, step_times)
+                times.add(step_times)
+                hidden = decision.hidden
+                self._report_progress(StepProgress(rnd, step, self.cfg.run.rounds, self.horizon))
+        except BaseException:  # error or Ctrl-C mid-round: the last step's rewards still count
+            with contextlib.suppress(Exception):  # a dead writer must not mask the cause
+                self._emit_pending_rewards(envs, rnd)
+            raise
         summary = self._finish_round(envs, rnd, hidden, times, t_start)
         self._report_progress(summary)
         return summary
