@@ -44,7 +44,7 @@ def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
             f"run {run_id!r} already has telemetry for rank {rank} in "
             f"{run_dir}; choose another run id, or resume it"
         )
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists() or p == p.parent)
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # "/" exists
     if not existing.is_dir():
         raise UserError(f"cannot create the run directory {run_dir}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
