@@ -19,3 +19,20 @@ def test_every_config_key_is_documented() -> None:
         if f"`{section}.{key}`" not in text
     ]
     assert not missing, f"docs/config.md lacks: {missing}"
+
+
+def test_documented_defaults_match_the_config() -> None:
+    """A row ``| `key` | `value` |`` must show the default the code really has."""
+    import re
+
+    import msgspec
+
+    cfg = msgspec.to_builtins(Config())
+    rows = re.findall(r"^\| `([a-z_]+)\.([a-z_]+)` \| `([^`]*)` \|$", DOC.read_text(), re.M)
+    assert len(rows) > 50
+    wrong = [
+        f"{section}.{key}: doc {shown}, code {actual}"
+        for section, key, shown in rows
+        if shown != (actual := msgspec.json.encode(cfg[section][key]).decode())
+    ]
+    assert not wrong, wrong

@@ -12,7 +12,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -28,6 +28,12 @@ Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 MAX_SEED = 2**32 - 1
 Seed = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)]
 DEVICE_PATTERN = re.compile(r"(cpu|cuda)(:\d+)?")
+#: Lifecycle op names as config keys (``esper.core.enums.LifecycleOp``, lower case).
+OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
+#: A prior is a nudge, not a mask: beyond this an op would be all but impossible.
+MAX_OP_PRIOR = 5.0
+#: Default exploration prior: see ``docs/training.md`` ("The initial op prior").
+DEFAULT_OP_PRIOR: dict[OpName, float] = {"prune": -2.0}
 
 
 class ConfigError(UserError):
@@ -74,6 +80,8 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     lstm_hidden: Positive = 128
     blueprint_embed_dim: Positive = 4
     compile: bool = False
+    #: Initial op-head logit bias per op (learned from there on); unnamed ops start at 0.
+    op_prior: dict[OpName, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_OP_PRIOR))
     #: heuristic policy
     plateau_patience: Positive = 3
     fossilize_threshold_pp: float = 1.0
@@ -188,6 +196,12 @@ def _validate(cfg: Config) -> Config:
         if DEVICE_PATTERN.fullmatch(device) is None:
             raise ConfigError(f"{where}: expected cpu, cuda or cuda:<index>, got {device!r}")
     _check_finite(cfg)
+    for op, bias in cfg.policy.op_prior.items():
+        if not -MAX_OP_PRIOR <= bias <= MAX_OP_PRIOR:
+            raise ConfigError(
+                f"$.policy.op_prior.{op}: must be within +-{MAX_OP_PRIOR} (a prior, not a mask), "
+                f"got {bias}"
+            )
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
     return cfg

@@ -260,3 +260,30 @@ def test_policy_runs_on_cuda_with_a_device_generator() -> None:
     inp = PolicyInput(obs=obs, blueprint_ids=bp, masks=masks, reports=envs, trackers=trackers)
     h_step = heuristic.act(inp, heuristic.initial_hidden(2, "cuda"))
     assert h_step.actions.device.type == "cuda"
+
+
+def test_op_prior_sets_the_initial_op_distribution() -> None:
+    """With near-zero head weights the initial op probabilities follow the prior's logits."""
+    sp = space(3)
+    masks = seeded_masks(N_ENVS, sp, 0)
+    masks.op[:] = True  # every op valid, so the ratio is the prior's alone
+    obs, bp = random_inputs(sp, N_ENVS, 5)
+    prior = [0.0, 0.0, 0.0, -2.0, 0.0, 1.0]
+    torch.manual_seed(0)
+    net = FactoredActorCritic(
+        obs_dim(sp.n_slots),
+        sp,
+        feature_dim=32,
+        lstm_hidden=24,
+        blueprint_embed_dim=3,
+        op_prior=prior,
+    )
+    p = net.act(obs, bp, masks, net.initial_hidden(N_ENVS, "cpu")).op_probs
+    prune = p[:, LifecycleOp.PRUNE] / p[:, LifecycleOp.WAIT]
+    advance = p[:, LifecycleOp.ADVANCE] / p[:, LifecycleOp.WAIT]
+    torch.testing.assert_close(prune, torch.full_like(prune, math.exp(-2.0)), rtol=0.1, atol=0)
+    torch.testing.assert_close(advance, torch.full_like(advance, math.e), rtol=0.1, atol=0)
+    # The prior is where learning starts, not a constraint: the bias is a trained parameter.
+    assert net.op_head.bias.requires_grad
+    uniform = make_net(sp).act(obs, bp, masks, net.initial_hidden(N_ENVS, "cpu")).op_probs
+    torch.testing.assert_close(uniform, torch.full_like(uniform, 1 / N_OPS), rtol=0.1, atol=0)

@@ -340,3 +340,23 @@ def test_bad_flag_value_names_the_flag() -> None:
     configure_parser(parser)
     with pytest.raises(ConfigError, match=r"^--envs: .*\$\.run\.n_envs"):
         build_config(parser.parse_args(["--envs", "0"]), PolicyKind.PPO)
+
+
+def test_op_prior_config_is_strict_and_reaches_the_policy() -> None:
+    from typing import get_args
+
+    from esper.config import ConfigError, OpName
+    from esper.core.enums import LifecycleOp, Topology
+    from esper.policy.actions import ActionSpace
+    from esper.training.policy_factory import build_policy, op_prior_logits
+
+    assert get_args(OpName) == tuple(op.name.lower() for op in LifecycleOp)  # same order too
+    assert op_prior_logits(Config()) == [0.0, 0.0, 0.0, -2.0, 0.0, 0.0]  # default: prune -2
+    cfg = with_overrides(Config(), {"policy.op_prior": {"advance": 1.5}})
+    assert op_prior_logits(cfg) == [0.0, 0.0, 0.0, 0.0, 0.0, 1.5]
+    net = build_policy(cfg, ActionSpace(slot_ids=("r0c0", "r1c0"), topology=Topology.CNN))
+    assert net.op_head.bias.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 1.5]  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"'prun'.*\$\.policy\.op_prior"):
+        with_overrides(Config(), {"policy.op_prior": {"prun": -1.0}})
+    with pytest.raises(ConfigError, match=r"\$\.policy\.op_prior\.prune: must be within"):
+        with_overrides(Config(), {"policy.op_prior": {"prune": -50.0}})

@@ -14,6 +14,7 @@ masks, hidden)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, overload
 
 import torch
@@ -66,7 +67,9 @@ class FactoredActorCritic(nn.Module):
         feature_dim: int,
         lstm_hidden: int,
         blueprint_embed_dim: int,
+        op_prior: Sequence[float] | None = None,
     ) -> None:
+        """``op_prior``: initial op-head bias, one logit per op (default all 0: uniform)."""
         super().__init__()
         self.space = space
         self.obs_dim = obs_dim
@@ -96,9 +99,9 @@ class FactoredActorCritic(nn.Module):
         self.register_buffer("relevance", relevance, persistent=False)
         canonical = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
         self.register_buffer("canonical", canonical, persistent=False)
-        self._init_weights()
+        self._init_weights(op_prior)
 
-    def _init_weights(self) -> None:
+    def _init_weights(self, op_prior: Sequence[float] | None) -> None:
         for module in self.feature_net:
             if isinstance(module, nn.Linear):
                 nn.init.orthogonal_(module.weight, _HIDDEN_GAIN)
@@ -107,6 +110,9 @@ class FactoredActorCritic(nn.Module):
             assert isinstance(head, nn.Linear)
             nn.init.orthogonal_(head.weight, _POLICY_GAIN)
             nn.init.zeros_(head.bias)
+        if op_prior is not None:
+            with torch.no_grad():
+                self.op_head.bias.copy_(torch.tensor(list(op_prior), dtype=torch.float32))
         value_out = self.value_head[-1]
         assert isinstance(value_out, nn.Linear)
         nn.init.orthogonal_(value_out.weight, _VALUE_GAIN)

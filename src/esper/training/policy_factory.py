@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from esper.config import Config
-from esper.core.enums import PolicyKind
+from esper.core.enums import LifecycleOp, PolicyKind
 from esper.policy.actions import ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.heuristic import HeuristicPolicy
@@ -14,6 +14,12 @@ from esper.policy.protocol import Policy
 
 #: Offset separating the policy-initialisation stream from the host and sampling seeds.
 POLICY_INIT_SEED_OFFSET = 104_729
+
+
+def op_prior_logits(cfg: Config) -> list[float]:
+    """``policy.op_prior`` as one initial logit per op, in op-head order."""
+    prior = {str(name): bias for name, bias in cfg.policy.op_prior.items()}
+    return [prior.get(op.name.lower(), 0.0) for op in LifecycleOp]
 
 
 def build_policy(cfg: Config, space: ActionSpace) -> Policy:
@@ -27,6 +33,7 @@ def build_policy(cfg: Config, space: ActionSpace) -> Policy:
             feature_dim=cfg.policy.feature_dim,
             lstm_hidden=cfg.policy.lstm_hidden,
             blueprint_embed_dim=cfg.policy.blueprint_embed_dim,
+            op_prior=op_prior_logits(cfg),
         )
     net = net.to(torch.device(cfg.run.device))
     if cfg.policy.compile:
