@@ -36,3 +36,17 @@ def test_documented_defaults_match_the_config() -> None:
         if shown != (actual := msgspec.json.encode(cfg[section][key]).decode())
     ]
     assert not wrong, wrong
+
+
+def test_readme_config_example_loads(tmp_path: Path) -> None:
+    import re
+
+    from esper.config import load_config
+
+    readme = DOC.parents[1] / "README.md"
+    blocks = re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S)
+    assert blocks
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"example{i}.toml"
+        path.write_text(block)
+        load_config(path)  # raises ConfigError naming the key if the example is stale
