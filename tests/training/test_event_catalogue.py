@@ -23,7 +23,7 @@ from esper.core.enums import LifecycleOp, RunStatus, SeedStage, TelemetryLevel
 from esper.core.records import SlotReport
 from esper.data.tasks import load_task
 from esper.policy.actions import DecodedAction
-from esper.policy.heuristic import HeuristicPolicy
+from esper.policy.heuristic import HeuristicPolicy, validity
 from esper.policy.signals import SignalTracker
 from esper.telemetry.events import EVENT_LEVELS, event_tag
 from esper.training.faults import Fault, FaultKind, FaultPlan
@@ -47,9 +47,7 @@ class WalkTheLifecycle(HeuristicPolicy):
         masks: dict[str, np.ndarray],
         memory: Any,
     ) -> DecodedAction:
-        def valid(op: LifecycleOp, s: int) -> bool:
-            return bool(masks["op"][op] and masks["slot"][op, s])
-
+        valid = validity(masks)
         for s, r in enumerate(reports):
             if r.stage == SeedStage.HOLDING and valid(LifecycleOp.FOSSILIZE, s):
                 return DecodedAction(op=LifecycleOp.FOSSILIZE, slot_id=r.slot_id)

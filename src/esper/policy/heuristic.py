@@ -129,10 +129,7 @@ class HeuristicPolicy:
         memory: _EnvMemory,
     ) -> DecodedAction:
         """The first rule that applies and is valid under ``masks`` (op [ops], slot [ops, S])."""
-
-        def valid(op: LifecycleOp, s: int) -> bool:
-            return bool(masks["op"][op] and masks["slot"][op, s])
-
+        valid = validity(masks)
         for s, r in enumerate(reports):
             if (
                 _measured(r)
@@ -217,6 +214,15 @@ class HeuristicPolicy:
             tempo=HEURISTIC_TEMPO,
             alpha_target=HEURISTIC_ALPHA_TARGET,
         )
+
+
+def validity(masks: dict[str, np.ndarray]) -> _Valid:
+    """``valid(op, slot_index)`` for one env's host-side masks (op [ops], slot [ops, S])."""
+
+    def valid(op: LifecycleOp, s: int) -> bool:
+        return bool(masks["op"][op] and masks["slot"][op, s])
+
+    return valid
 
 
 def _measured(r: SlotReport) -> bool:
