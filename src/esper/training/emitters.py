@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
 from esper.core.records import (
@@ -27,39 +29,26 @@ from esper.core.records import (
 from esper.telemetry import events as ev
 from esper.telemetry.hub import Hub
 
+_RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
+#: Lifecycle records whose fields are exactly their event's payload (enums as values).
+_SAME_FIELDS: dict[type, type[ev.Event]] = {
+    SeedGerminatedRecord: ev.SeedGerminated,
+    StageChangedRecord: ev.SeedStageChanged,
+    SeedFossilizedRecord: ev.SeedFossilized,
+    SeedPrunedRecord: ev.SeedPruned,
+}
+
 
 def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: int) -> None:
     """One lifecycle record from the model becomes one ``seed_*``/``gate_evaluated`` event."""
     event: ev.Event
-    if isinstance(rec, SeedGerminatedRecord):
-        event = ev.SeedGerminated(
-            round=rnd,
-            env=env,
-            step=step,
-            slot=rec.slot,
-            seed_id=rec.seed_id,
-            blueprint=rec.blueprint,
-            style=int(rec.style),
-            blend_op=rec.blend_op.value,
-            tempo=rec.tempo,
-            alpha_target=rec.alpha_target,
-            params=rec.params,
-            acc_at_germination=rec.acc_at_germination,
-        )
-    elif isinstance(rec, StageChangedRecord):
-        event = ev.SeedStageChanged(
-            round=rnd,
-            env=env,
-            step=step,
-            slot=rec.slot,
-            seed_id=rec.seed_id,
-            blueprint=rec.blueprint,
-            from_stage=rec.from_stage.value,
-            to_stage=rec.to_stage.value,
-            epochs_in_prev_stage=rec.epochs_in_prev_stage,
-            alpha=rec.alpha,
-            initiator=rec.initiator.value,
-        )
+    same = _SAME_FIELDS.get(type(rec))
+    if same is not None:
+        # to_builtins turns enums into their values and tuples into lists, as events store
+        # them; the record's own tag is not a payload field.
+        payload = msgspec.to_builtins(rec)
+        payload.pop(_RECORD_TAG, None)
+        event = same(round=rnd, env=env, step=step, **payload)
     elif isinstance(rec, GateRecord):
         res = rec.result
         event = ev.GateEvaluated(
@@ -75,33 +64,6 @@ def emit_lifecycle(hub: Hub, rec: LifecycleRecord, *, rnd: int, env: int, step: 
             checks_failed=list(res.checks_failed),
             message=res.message,
             strict=res.strict,
-        )
-    elif isinstance(rec, SeedFossilizedRecord):
-        event = ev.SeedFossilized(
-            round=rnd,
-            env=env,
-            step=step,
-            slot=rec.slot,
-            seed_id=rec.seed_id,
-            blueprint=rec.blueprint,
-            contribution=rec.contribution,
-            params=rec.params,
-            age_epochs=rec.age_epochs,
-        )
-    elif isinstance(rec, SeedPrunedRecord):
-        event = ev.SeedPruned(
-            round=rnd,
-            env=env,
-            step=step,
-            slot=rec.slot,
-            seed_id=rec.seed_id,
-            blueprint=rec.blueprint,
-            reason=rec.reason.value,
-            initiator=rec.initiator.value,
-            age_epochs=rec.age_epochs,
-            stage_at_prune=rec.stage_at_prune.value,
-            contribution=rec.contribution,
-            scheduled=rec.scheduled,
         )
     else:  # pragma: no cover - exhaustive over LifecycleRecord
         raise TypeError(f"unknown lifecycle record {type(rec).__name__}")
