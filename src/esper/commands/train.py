@@ -3,38 +3,104 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Final
 
 from esper.config import Config, ConfigError, load_config, with_overrides
 from esper.core.enums import PolicyKind, TelemetryLevel
 
 HELP = "train the seed policy with vectorized PPO (telemetry to Parquet)"
+#: Built-in defaults shown in ``--help``; a ``--config`` file replaces them, flags override both.
+_D: Final = Config()
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML or JSON config (strict)")
-    parser.add_argument("--task", help="digits (default) | cifar10 | synthetic | text")
-    parser.add_argument("--data-path", help="local dataset directory/file (cifar10, text)")
-    parser.add_argument("--envs", type=int, metavar="N", help="parallel envs (host networks)")
-    parser.add_argument("--rounds", type=int, metavar="R", help="PPO rounds (one update each)")
-    parser.add_argument(
-        "--episode-length", type=int, metavar="T", help="steps (epochs) per episode"
+    parser.description = (
+        f"{parser.description or HELP}. Defaults shown are the built-in config's; "
+        "a --config file replaces them and flags override both."
     )
-    parser.add_argument("--seed", type=int, metavar="S")
-    parser.add_argument("--batch-size", type=int, metavar="B", help="per-env batch size")
-    parser.add_argument("--telemetry-dir", metavar="DIR")
-    parser.add_argument("--run-id", metavar="ID")
-    parser.add_argument("--telemetry-level", choices=[lv.name.lower() for lv in TelemetryLevel])
-    parser.add_argument("--device", help="cpu | cuda | cuda:K")
-    parser.add_argument("--env-devices", nargs="+", metavar="DEV", help="round-robin env devices")
-    parser.add_argument("--amp", choices=["off", "fp16", "bf16"], help="mixed precision (CUDA)")
     parser.add_argument(
-        "--compile", action="store_true", default=None, help="torch.compile the policy"
+        "--config", metavar="FILE", help="TOML or JSON config, strict (default: none, built-ins)"
+    )
+    parser.add_argument(
+        "--task",
+        metavar="NAME",
+        help=f"digits | cifar10 | synthetic | text (default: {_D.task.name.value})",
+    )
+    parser.add_argument(
+        "--data-path",
+        metavar="PATH",
+        help="local dataset directory (cifar10) or text file (text) (default: none)",
+    )
+    parser.add_argument(
+        "--envs",
+        type=int,
+        metavar="N",
+        help=f"parallel envs, one host network each (default: {_D.run.n_envs})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="R",
+        help=f"PPO rounds, one update each (default: {_D.run.rounds})",
+    )
+    parser.add_argument(
+        "--episode-length",
+        type=int,
+        metavar="T",
+        help=f"steps (host epochs) per episode (default: {_D.run.episode_length})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help=f"run seed: hosts, data order, policy (default: {_D.run.seed})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help=f"per-env batch size (default: {_D.task.batch_size})",
+    )
+    parser.add_argument(
+        "--telemetry-dir",
+        metavar="DIR",
+        help=f"parent of the run directory <DIR>/<run id> (default: {_D.telemetry.dir})",
+    )
+    parser.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="run directory name, [A-Za-z0-9._-] (default: <task>-<policy>-s<seed>-<time>)",
+    )
+    parser.add_argument(
+        "--telemetry-level",
+        choices=[lv.name.lower() for lv in TelemetryLevel],
+        help=f"events written: {' < '.join(lv.name.lower() for lv in TelemetryLevel)} "
+        f"(default: {_D.telemetry.level})",
+    )
+    parser.add_argument("--device", help=f"cpu | cuda | cuda:K (default: {_D.run.device})")
+    parser.add_argument(
+        "--env-devices",
+        nargs="+",
+        metavar="DEV",
+        help="env devices, round-robin (default: all on --device)",
+    )
+    parser.add_argument(
+        "--amp",
+        choices=["off", "fp16", "bf16"],
+        help=f"mixed precision, CUDA only (default: {_D.run.amp.value})",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="torch.compile the policy (default: off)",
     )
     parser.add_argument(
         "--save", metavar="PATH", help="checkpoint path (default: <run dir>/checkpoint.pt)"
     )
-    parser.add_argument("--resume", metavar="PATH", help="resume from a checkpoint")
+    parser.add_argument(
+        "--resume", metavar="PATH", help="resume from a checkpoint (default: none, fresh start)"
+    )
     parser.add_argument(
         "--continue-run",
         action="store_true",
@@ -46,17 +112,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="testing aid, repeatable: nan:env=E,round=R,step=S | policy_nan:round=R | "
-        "data_error:round=R,step=S",
+        "data_error:round=R,step=S (default: none)",
     )
     parser.add_argument(
         "--report",
         nargs="?",
         const="",
         metavar="PATH",
-        help="after the run, write the analysis HTML report (default <run dir>/report.html); "
-        "same as `esper analyze report`",
+        help="after the run, write the analysis HTML report, same as `esper analyze report` "
+        "(default: no report; PATH defaults to <run dir>/report.html)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (default: a bar when stderr is a terminal)",
+    )
 
 
 _OVERRIDES = {
