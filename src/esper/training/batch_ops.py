@@ -82,6 +82,11 @@ def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     return loss, correct
 
 
+def _has_grads(opt: torch.optim.Optimizer) -> bool:
+    """Whether any parameter of ``opt`` received a gradient (a Python check, no sync)."""
+    return any(p.grad is not None for group in opt.param_groups for p in group["params"])
+
+
 def train_batch(
     env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions, *, inject_nan: bool
 ) -> None:
@@ -98,14 +103,19 @@ def train_batch(
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     scaler = env.scaler
-    if scaler is not None:
-        scaler.scale(loss_t).backward()  # type: ignore[no-untyped-call]
-        for opt in optimizers:
-            scaler.unscale_(opt)
-    else:
+    if scaler is None:
         loss_t.backward()  # type: ignore[no-untyped-call]
+    else:
+        scaler.scale(loss_t).backward()  # type: ignore[no-untyped-call]
+    # A GERMINATED seed is outside the forward pass, so its optimizer has no gradients:
+    # ``opt.step()`` would skip it anyway, but GradScaler asserts on an optimizer whose
+    # inf checks it never recorded. Stepping only optimizers with gradients fixes fp16.
+    stepping = [opt for opt in optimizers if _has_grads(opt)]
+    if scaler is not None:
+        for opt in stepping:
+            scaler.unscale_(opt)
     torch.nn.utils.clip_grad_norm_(model.parameters(), HOST_GRAD_CLIP, foreach=True)
-    for opt in optimizers:
+    for opt in stepping:
         if scaler is not None:
             scaler.step(opt)
         else:
