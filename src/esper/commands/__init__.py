@@ -37,6 +37,9 @@ COMMANDS: Final = (
         "write a synthetic run through the real telemetry pipeline",
     ),
     CommandSpec("schemas", "esper.commands.schemas", "regenerate or check schemas/"),
+    CommandSpec(
+        "runs", "esper.commands.runs", "list the runs under telemetry directories (--json)"
+    ),
 )
 
 #: ``esper analyze ...`` hands every remaining argument to this module's ``main``.
