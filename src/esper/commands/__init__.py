@@ -40,6 +40,11 @@ COMMANDS: Final = (
     CommandSpec(
         "runs", "esper.commands.runs", "list the runs under telemetry directories (--json)"
     ),
+    CommandSpec(
+        "export",
+        "esper.commands.export",
+        "export runs as TensorBoard event files (optional extra: tensorboard)",
+    ),
 )
 
 #: ``esper analyze ...`` hands every remaining argument to this module's ``main``.
