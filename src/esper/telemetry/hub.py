@@ -29,6 +29,7 @@ from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
 from esper.telemetry.events import WriterStats as WriterStatsEvent
+from esper.telemetry.lock import RunLock, acquire_run_lock
 from esper.telemetry.manifest import WriterCounters, new_manifest
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.telemetry.resume import prepare_new, prepare_resume
@@ -165,10 +166,12 @@ class TelemetryHub(Hub):
         run_dir: Path,
         writer: EventWriter,
         drop_when_full: bool,
+        run_lock: RunLock | None = None,
     ) -> None:
         super().__init__(run_id, level=level, rank=rank, start_seq=start_seq)
         self.run_dir = run_dir
         self._writer = writer
+        self._run_lock = run_lock
         self._lock = writer.lock
         self._buf = writer.buffer
         self._capacity = writer.capacity
@@ -249,6 +252,8 @@ class TelemetryHub(Hub):
         except TelemetryWriteError as exc:
             failure = failure or exc
         writer.finalize(status, error)
+        if self._run_lock is not None:
+            self._run_lock.release()  # after the final manifest: the run is complete
         failure = failure or writer.error
         if failure is not None:
             raise failure
@@ -350,13 +355,55 @@ def open_run(
     ``resume=True`` continues an existing run: ``seq`` restarts at ``start_seq`` (the
     checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
+
+    The run's writer lock (:mod:`esper.telemetry.lock`) is taken first and held until
+    :meth:`TelemetryHub.close`: while another live process writes the run (rank), this
+    raises :class:`~esper.telemetry.lock.RunLockedError` before anything is cut or written.
     """
     validate_run_id(run_id)
     _check_open_args(rank, flush_interval_s, queue_capacity, start_seq)
     if level == TelemetryLevel.OFF:
         return NullHub(run_id, rank=rank, start_seq=start_seq)
     run_dir = resolve_run_dir(telemetry_dir, run_id)
-    sink = sink or ParquetSink()
+    run_lock = acquire_run_lock(run_dir, rank=rank, run_id=run_id)
+    try:
+        return _open_locked(
+            run_dir,
+            run_id,
+            run_lock,
+            level=level,
+            rank=rank,
+            config_hash=config_hash,
+            flush_interval_s=flush_interval_s,
+            queue_capacity=queue_capacity,
+            drop_when_full=drop_when_full,
+            start_seq=start_seq,
+            parent_run_id=parent_run_id,
+            resume=resume,
+            sink=sink or ParquetSink(),
+        )
+    except BaseException:
+        run_lock.release()
+        raise
+
+
+def _open_locked(
+    run_dir: Path,
+    run_id: str,
+    run_lock: RunLock,
+    *,
+    level: TelemetryLevel,
+    rank: int,
+    config_hash: str,
+    flush_interval_s: float,
+    queue_capacity: int,
+    drop_when_full: bool,
+    start_seq: int,
+    parent_run_id: str,
+    resume: bool,
+    sink: PartSink,
+) -> TelemetryHub:
+    """:func:`open_run` once the writer lock is held: prepare the directory, start."""
     if resume:
         manifest = prepare_resume(
             run_dir,
@@ -394,6 +441,7 @@ def open_run(
         run_dir=run_dir,
         writer=writer,
         drop_when_full=drop_when_full,
+        run_lock=run_lock,
     )
     writer.start()
     _OPEN_HUBS.add(hub)

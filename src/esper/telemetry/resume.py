@@ -26,6 +26,7 @@ from esper.telemetry.compaction import (
     truncate_from_seq,
 )
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
+from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
 from esper.telemetry.paths import EVENTS_DIR, list_parts, manifest_path, type_rank_dir
 from esper.telemetry.sink import PartSink
@@ -36,7 +37,19 @@ def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
 
     Called by the trainer before it loads data, so a reused run id or an unwritable
     telemetry directory is reported in a second rather than after the dataset is read.
+    A run another live process writes is refused naming that process.
     """
+    owner = run_lock_owner(run_dir, rank=rank)
+    if owner is not None:
+        raise RunLockedError(
+            f"run {run_id!r} (rank {rank}) in {run_dir} is being written by {owner}; "
+            "choose another run id"
+        )
+    _check_unused(run_dir, run_id=run_id, rank=rank)
+
+
+def _check_unused(run_dir: Path, *, run_id: str, rank: int) -> None:
+    """No telemetry of this rank yet, and the directory can be created."""
     if manifest_path(run_dir, rank).exists() or any(
         list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES
     ):
@@ -52,8 +65,11 @@ def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
 
 
 def prepare_new(run_dir: Path, manifest: Manifest) -> None:
-    """Create the run directory; refuse to mix a new run into an existing one."""
-    check_new_run_dir(run_dir, run_id=manifest.run_id, rank=manifest.rank)
+    """Create the run directory; refuse to mix a new run into an existing one.
+
+    The caller holds the run's writer lock (:func:`esper.telemetry.hub.open_run`).
+    """
+    _check_unused(run_dir, run_id=manifest.run_id, rank=manifest.rank)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_manifest(manifest_path(run_dir, manifest.rank), manifest)
@@ -85,6 +101,11 @@ def prepare_resume(
     def save(m: Manifest) -> None:
         write_manifest(path, m)
 
+    # Owned by this process from here on: a crash while the tail is cut (its counts
+    # are stale until it is done) reads as a crashed run, not as a closed one.
+    manifest.status = RunStatus.RUNNING.value
+    manifest.pid = os.getpid()
+    manifest.hostname = socket.gethostname()
     recover_pending(run_dir, manifest, sink, save)
     remove_stale_tmp(run_dir / EVENTS_DIR)
     truncated = 0
@@ -108,11 +129,8 @@ def prepare_resume(
             config_hash=config_hash,
         )
     )
-    manifest.status = RunStatus.RUNNING.value
     manifest.error = ""
     manifest.finished_ns = 0
-    manifest.pid = os.getpid()
-    manifest.hostname = socket.gethostname()
     manifest.level = level
     manifest.flush_interval_s = flush_interval_s
     manifest.last_seq = start_seq - 1
