@@ -24,7 +24,7 @@ from esper.core.enums import SeedStage
 from esper.core.records import REWARD_COMPONENTS
 from esper.errors import UserError
 from esper.telemetry.paths import validate_run_id
-from esper_analysis.lifecycles import seed_lifecycles
+from esper_analysis.lifecycles import seed_lifecycles, with_stage
 from esper_analysis.loader import Run
 from esper_analysis.rewards import reward_breakdown
 
@@ -78,17 +78,11 @@ def _from_frame(
 
 
 def _seed_counts(run: Run) -> pl.DataFrame:
-    seeds = seed_lifecycles(run).seeds.with_columns(  # a pruned seed's final_stage is where it was
-        final_stage=pl.when(pl.col("outcome") == "pruned")
-        .then(pl.lit(SeedStage.PRUNED.value))
-        .when(pl.col("outcome") == "fossilized")
-        .then(pl.lit(SeedStage.FOSSILIZED.value))
-        .otherwise(pl.col("final_stage"))
-    )
+    seeds = with_stage(seed_lifecycles(run).seeds)
     rounds = sorted(set(seeds["round"].to_list()) | set(_round_times(run)))
     counts = {
         (int(r), str(s)): int(n)
-        for r, s, n in seeds.group_by("round", "final_stage").len().iter_rows()
+        for r, s, n in seeds.group_by("round", "stage").len().iter_rows()
     }
     return pl.DataFrame(
         [{"round": r, **{s: counts.get((r, s), 0) for s in SEED_STAGES}} for r in rounds],

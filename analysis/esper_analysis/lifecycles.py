@@ -222,3 +222,17 @@ def seed_lifecycles(run: Run) -> Lifecycles:
         pruned=int(count.get("pruned", 0)),
         alive=int(count.get("alive", 0)),
     )
+
+
+def with_stage(seeds: pl.DataFrame) -> pl.DataFrame:
+    """``seeds`` plus ``stage``: PRUNED / FOSSILIZED for ended seeds, else the stage it is in.
+
+    (``final_stage`` of a pruned seed is the stage it was pruned from.)
+    """
+    return seeds.with_columns(
+        stage=pl.when(pl.col("outcome") == "pruned")
+        .then(pl.lit(SeedStage.PRUNED.value))
+        .when(pl.col("outcome") == "fossilized")
+        .then(pl.lit(SeedStage.FOSSILIZED.value))
+        .otherwise(pl.col("final_stage"))
+    )

@@ -41,6 +41,11 @@ COMMANDS: Final = (
         "runs", "esper.commands.runs", "list the runs under telemetry directories (--json)"
     ),
     CommandSpec(
+        "watch",
+        "esper.commands.watch",
+        "live terminal view of a run (progress, EPS, reward, seeds, rollbacks)",
+    ),
+    CommandSpec(
         "export",
         "esper.commands.export",
         "export runs as TensorBoard event files (optional extra: tensorboard)",

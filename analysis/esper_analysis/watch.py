@@ -1,0 +1,309 @@
+"""``esper watch RUN``: a live terminal view of a run, read from its directory alone.
+
+The view is rebuilt from the manifest and the *closed* Parquet parts on every refresh
+(the writer renames a part into place only when it is complete, and records a
+compaction before replacing its inputs), so the watcher never talks to the trainer or
+its writer and cannot slow it down beyond the disk reads. A part that vanishes
+between listing and reading (compaction mid-read) makes that snapshot fail; it is
+retried, and the previous view stays on screen meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import polars as pl
+import pyarrow as pa
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from esper.core.enums import RunStatus, SeedStage
+from esper_analysis.errors import CorruptFileError
+from esper_analysis.lifecycles import seed_lifecycles, with_stage
+from esper_analysis.loader import Run, load_run
+
+#: Longest allowed refresh interval (the issue's bound) and the default.
+MAX_REFRESH_S: Final = 1.0
+#: Reads retried per refresh when a part vanishes mid-read (compaction), and the pause.
+READ_ATTEMPTS: Final = 3
+RETRY_PAUSE_S: Final = 0.05
+#: Rounds shown in the reward sparkline, and rollbacks/anomalies listed.
+SPARK_ROUNDS: Final = 60
+RECENT_ROWS: Final = 5
+SPARK_CHARS: Final = "▁▂▃▄▅▆▇█"
+STAGES: Final = tuple(
+    s.value for s in SeedStage if s not in (SeedStage.DORMANT, SeedStage.RESETTING)
+)
+#: Short column names so the seed table fits an 80-column terminal.
+_STAGE_ABBREV: Final = {
+    "GERMINATED": "germ",
+    "TRAINING": "train",
+    "BLENDING": "blend",
+    "HOLDING": "hold",
+    "FOSSILIZED": "fossil",
+    "PRUNED": "pruned",
+    "EMBARGOED": "embargo",
+}
+_NS_PER_S: Final = 1e9
+#: Errors that mean "the directory changed under the read", not "the run is broken".
+_TRANSIENT: Final = (OSError, pl.exceptions.PolarsError, pa.ArrowException, CorruptFileError)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchState:
+    """Everything the view shows, from one read of the run directory."""
+
+    run_id: str
+    status: str
+    task: str
+    policy: str
+    n_envs: int
+    episode_length: int
+    rounds_planned: int
+    round: int
+    rounds_done: int
+    step: int
+    env_steps: int
+    eps_last: float | None
+    eps_live: float | None
+    rewards: list[float]
+    accuracy_last: float | None
+    seeds: pl.DataFrame
+    recent: list[str]
+    writer: dict[str, Any]
+    heartbeat_age_s: float | None
+    error: str = ""
+    note: str = ""
+
+
+def _started(run: Run) -> dict[str, Any]:
+    if not run.rows_on_disk("run_started"):
+        return {}
+    row = run.scan("run_started").tail(1).collect()
+    return row.row(0, named=True) if row.height else {}
+
+
+def _progress(run: Run) -> tuple[int, int, int, float | None]:
+    """(current round, step reached in it, env-steps so far, live EPS of that round)."""
+    rounds = run.scan("round_started").select(pl.col("round").max()).collect().item()
+    current = -1 if rounds is None else int(rounds)
+    if not run.rows_on_disk("env_step"):
+        return current, -1, 0, None
+    steps = (
+        run.scan("env_step")
+        .filter(pl.col("round") == current)
+        .select(
+            step=pl.col("step").max(),
+            n=pl.len(),
+            span=(pl.col("ts_ns").max() - pl.col("ts_ns").min()) / _NS_PER_S,
+        )
+        .collect()
+        .row(0, named=True)
+    )
+    n, span = int(steps["n"]), steps["span"]
+    live = n / span if span else None
+    step = -1 if steps["step"] is None else int(steps["step"])
+    return current, step, run.rows_on_disk("env_step"), live
+
+
+def _seed_table(run: Run, current: int, n_envs: int) -> pl.DataFrame:
+    """Seeds of the current round per env and stage (env x stage counts)."""
+    seeds = with_stage(seed_lifecycles(run).seeds).filter(pl.col("round") == current)
+    counts = {(int(e), str(s)): int(n) for e, s, n in seeds.group_by("env", "stage").len().rows()}
+    envs = sorted(set(range(n_envs)) | {e for e, _ in counts})
+    return pl.DataFrame(
+        [{"env": e, **{s: counts.get((e, s), 0) for s in STAGES}} for e in envs],
+        schema={"env": pl.Int64, **dict.fromkeys(STAGES, pl.Int64)},
+    )
+
+
+def _recent(run: Run) -> list[str]:
+    """The latest rollbacks and anomalies, newest last, as one line each."""
+    lines: list[tuple[int, str]] = []
+    for row in run.scan("governor_rollback").tail(RECENT_ROWS).collect().iter_rows(named=True):
+        lines.append(
+            (
+                int(row["seq"]),
+                f"rollback  round {row['round']} env {row['env']} step {row['step']}: "
+                f"{row['reason']} (loss {row['loss']:.3g} > {row['threshold']:.3g})",
+            )
+        )
+    for row in run.scan("anomaly_detected").tail(RECENT_ROWS).collect().iter_rows(named=True):
+        where = f"round {row['round']}" + (f" env {row['env']}" if row["env"] >= 0 else "")
+        lines.append((int(row["seq"]), f"anomaly   {where}: {row['kind']} {row['detail']}"))
+    return [text for _, text in sorted(lines)[-RECENT_ROWS:]]
+
+
+def snapshot(path: str | Path, *, now_ns: int | None = None) -> WatchState:
+    """Read the run directory once (no retry; see :func:`read_state`)."""
+    with warnings.catch_warnings():  # a part skipped mid-compaction is expected here
+        warnings.simplefilter("ignore")
+        run = load_run(path)
+        started = _started(run)
+        n_envs = int(started.get("n_envs", 0))
+        current, step, env_steps, eps_live = _progress(run)
+        finished = run.scan("round_finished").sort("round").collect()
+        end = run.scan("run_finished").tail(1).collect()
+        beat = run.manifest.get("heartbeat_ns")
+        now = time.time_ns() if now_ns is None else now_ns
+        writer = run.manifest.get("writer")
+        return WatchState(
+            run_id=run.run_id,
+            status=run.status.value,
+            task=str(started.get("task", "?")),
+            policy=str(started.get("policy_kind", "?")),
+            n_envs=n_envs,
+            episode_length=int(started.get("episode_length", 0)),
+            rounds_planned=int(started.get("rounds", 0)),
+            round=current,
+            rounds_done=finished.height,
+            step=step,
+            env_steps=int(end["env_steps"][0]) if end.height else env_steps,
+            eps_last=float(finished["eps"][-1]) if finished.height else None,
+            eps_live=eps_live,
+            rewards=[float(v) for v in finished["mean_episode_reward"]],
+            accuracy_last=float(finished["mean_final_accuracy"][-1]) if finished.height else None,
+            seeds=_seed_table(run, current, n_envs),
+            recent=_recent(run),
+            writer=writer if isinstance(writer, dict) else {},
+            heartbeat_age_s=(now - beat) / _NS_PER_S if isinstance(beat, int) else None,
+            error=str(end["error"][0]) if end.height else "",
+        )
+
+
+def read_state(
+    path: str | Path,
+    previous: WatchState | None = None,
+    *,
+    read: Callable[[str | Path], WatchState] = snapshot,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchState:
+    """A snapshot, retried when the directory changes mid-read; else the previous view."""
+    error: Exception | None = None
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            return read(path)
+        except _TRANSIENT as exc:
+            error = exc
+            if attempt + 1 < READ_ATTEMPTS:
+                sleep(RETRY_PAUSE_S)
+    if previous is None:
+        assert error is not None
+        raise error
+    return dataclasses.replace(previous, note=f"last read failed, retrying: {error}")
+
+
+def sparkline(values: list[float]) -> str:
+    """Unicode block sparkline of the last :data:`SPARK_ROUNDS` values."""
+    shown = values[-SPARK_ROUNDS:]
+    if not shown:
+        return ""
+    lo, hi = min(shown), max(shown)
+    top = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[0 if hi == lo else round((v - lo) / (hi - lo) * top)] for v in shown)
+
+
+def _fmt(value: float | None, spec: str = ".3g") -> str:
+    if value is None:
+        return "—"
+    text = format(value, spec)
+    return "0" if text in ("-0", "-0.0") else text
+
+
+_STATUS_STYLE: Final = {
+    "running": "bold green",
+    "finished": "bold",
+    "crashed": "bold red",
+    "failed": "bold red",
+    "interrupted": "bold yellow",
+}
+
+
+def _header(s: WatchState) -> Text:
+    text = Text(f"run {s.run_id}  ")
+    text.append(s.status, style=_STATUS_STYLE.get(s.status, ""))
+    text.append(f"  {s.task} · {s.policy} · {s.n_envs} envs × {s.episode_length} steps")
+    if s.error:
+        text.append(f"\nerror: {s.error}", style="red")
+    return text
+
+
+def _round(s: WatchState) -> str:
+    """The current round counted from 1, out of the planned rounds."""
+    return f"{s.round + 1}/{s.rounds_planned}" if s.round >= 0 else "—"
+
+
+def _progress_lines(s: WatchState) -> Text:
+    shown_round = _round(s)
+    step = f"{s.step + 1}/{s.episode_length}" if s.step >= 0 else "—"
+    text = Text(
+        f"round {shown_round} (done {s.rounds_done})  step {step}  env-steps {s.env_steps}\n"
+        f"EPS last round {_fmt(s.eps_last)}  this round {_fmt(s.eps_live)}\n"
+    )
+    last = s.rewards[-1] if s.rewards else None
+    text.append(f"mean episode reward/round {sparkline(s.rewards)} last {_fmt(last, '+.3f')}")
+    text.append(f"  final acc {_fmt(s.accuracy_last, '.1f')}%")
+    return text
+
+
+def _seeds(s: WatchState) -> Table:
+    table = Table(title=f"seeds by stage, round {_round(s)}", title_justify="left")
+    table.add_column("env", justify="right")
+    for stage in STAGES:
+        table.add_column(_STAGE_ABBREV.get(stage, stage.lower()), justify="right")
+    for row in s.seeds.iter_rows():
+        table.add_row(str(row[0]), *(str(v) if v else "·" for v in row[1:]))
+    return table
+
+
+def _writer(s: WatchState) -> Text:
+    w = s.writer
+    blocked = w.get("blocked_ns")
+    age = ""
+    if s.status == RunStatus.RUNNING.value and s.heartbeat_age_s is not None:
+        age = f"; heartbeat {s.heartbeat_age_s:.1f} s ago"
+    return Text(
+        f"writer: {w.get('events_written', '—')} events, {w.get('flushes', '—')} flushes, "
+        f"backlog max {w.get('max_queue_depth', '—')} events/flush, blocked "
+        f"{_fmt(None if blocked is None else blocked / _NS_PER_S)} s "
+        f"({w.get('blocked_emits', '—')} emits), dropped {w.get('dropped', '—')}{age}"
+    )
+
+
+def render(s: WatchState) -> RenderableType:
+    """The whole view as one rich renderable."""
+    parts: list[RenderableType] = [_header(s), _progress_lines(s), _seeds(s)]
+    parts.append(Text("recent rollbacks/anomalies:", style="bold"))
+    parts.append(Text("\n".join(s.recent) if s.recent else "none"))
+    parts.append(_writer(s))
+    if s.note:
+        parts.append(Text(s.note, style="yellow"))
+    return Group(*parts)
+
+
+def watch(
+    path: str | Path,
+    console: Console,
+    *,
+    once: bool = False,
+    refresh_s: float = MAX_REFRESH_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchState:
+    """Show the run until it is no longer running (or once); returns the last state."""
+    state = read_state(path)
+    if once or state.status != RunStatus.RUNNING.value:
+        console.print(render(state))
+        return state
+    with Live(render(state), console=console, auto_refresh=False) as live:
+        while state.status == RunStatus.RUNNING.value:
+            sleep(refresh_s)
+            state = read_state(path, state)
+            live.update(render(state), refresh=True)
+    return state
