@@ -145,7 +145,7 @@ def worker_analyses(run_dir: Path) -> dict[str, Any]:
     run = timed("load_run", ea.load_run, run_dir)
     counts = timed("event_counts", ea.event_counts, run)
     baseline = timed("capture_baseline", ea.capture_baseline, run, counts)
-    check = timed("check_baseline", ea.check_baseline, run, baseline)
+    check = timed("check_baseline", ea.check_baseline, run, baseline, counts)
     rewards = timed("reward_breakdown", ea.reward_breakdown, run)
     audit = timed("rollback_audit", ea.rollback_audit, run)
     lifecycles = timed("seed_lifecycles", ea.seed_lifecycles, run)

@@ -255,10 +255,16 @@ def _fingerprint_drift(expected: dict[str, Any], got: dict[str, Any]) -> list[di
     return rows
 
 
-def check_baseline(run: Run, baseline: dict[str, Any]) -> BaselineCheck:
-    """Compare a run with a baseline; ``ok`` is False on any drift."""
+def check_baseline(
+    run: Run, baseline: dict[str, Any], counts: Counts | None = None
+) -> BaselineCheck:
+    """Compare a run with a baseline; ``ok`` is False on any drift.
+
+    Pass the run's ``counts`` when they are already computed (the report does), so the
+    event tables are not scanned twice.
+    """
     rules = _rules_of(baseline)
-    current = capture_baseline(run)
+    current = capture_baseline(run, counts)
     drift = _fingerprint_drift(baseline.get("fingerprint") or {}, current["fingerprint"])
     fingerprint_keys = [row["key"] for row in drift]
     type_rows = []

@@ -1,14 +1,15 @@
 """Event counts: by type, by round, by env, by step within the episode, per env-step.
 
-Grouped scans per event type are collected in parallel and every view is derived from
-those small frames, so the event tables themselves are never materialised.
+One scan per event type reads only the envelope columns counted (collected in
+parallel); every view is a histogram of those columns.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Final
 
+import numpy as np
 import polars as pl
 
 from esper.telemetry.events import EVENT_LEVELS, EVENT_TYPES
@@ -40,16 +41,41 @@ class Counts(AnalysisResult):
         return int(row["events"][0]) if row.height else 0
 
 
-def _grouped(run: Run, keys: tuple[str, ...]) -> pl.DataFrame:
-    """Rows per ``(type, *keys)`` over every event type, collected in parallel."""
-    schema = pl.Schema({"type": pl.String, **dict.fromkeys(keys, pl.Int64), "events": pl.Int64})
-    plans = [
-        run.scan(t).group_by(keys).agg(events=pl.len()).with_columns(type=pl.lit(t))
-        for t in run.event_types
-    ]
-    if not plans:
-        return pl.DataFrame(schema=schema)
-    return pl.concat([f.select(schema.names()).cast(schema) for f in pl.collect_all(plans)])
+#: The envelope columns counted per value (each gives one breakdown table).
+_DIMENSIONS: Final = ("round", "env", "step")
+
+
+def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, counts) of an integer column, via ``numpy.bincount``.
+
+    Counting is a histogram over small integer ranges (rounds, envs, steps), which
+    bincount does in one linear pass, several times cheaper than a hash group-by.
+    """
+    arr = values.drop_nulls().to_numpy()
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    low = int(arr.min())
+    counts = np.bincount(arr - low)
+    present = np.flatnonzero(counts)
+    return present + low, counts[present]
+
+
+def _breakdowns(run: Run) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
+    """Rows per ``(type, value)`` of each dimension, and rows per type, from one parallel
+    scan per type."""
+    frames = pl.collect_all([run.scan(t).select(_DIMENSIONS) for t in run.event_types])
+    totals = {t: f.height for t, f in zip(run.event_types, frames, strict=True) if f.height}
+    out: dict[str, pl.DataFrame] = {}
+    for dim in _DIMENSIONS:
+        schema = pl.Schema({"type": pl.String, dim: pl.Int64, "events": pl.Int64})
+        parts = []
+        for event_type, frame in zip(run.event_types, frames, strict=True):
+            keys, counts = _histogram(frame[dim])
+            parts.append(
+                pl.DataFrame({"type": event_type, dim: keys, "events": counts}, schema=schema)
+            )
+        out[dim] = pl.concat(parts).sort("type", dim) if parts else pl.DataFrame(schema=schema)
+    return out, totals
 
 
 def _manifest_counts(run: Run) -> dict[str, int]:
@@ -77,13 +103,11 @@ def _env_steps(run: Run, by_type: dict[str, int]) -> int | None:
 def event_counts(run: Run) -> Counts:
     """Every count view of a run, deduplicated on ``(rank, seq)``.
 
-    Two grouped scans per type: ``(round, env)`` and ``step``. Grouping by all three at
-    once would have as many groups as env-steps, i.e. as large as the data itself.
+    One scan per type reads the three envelope columns once; each breakdown is a
+    histogram of one of them. Grouping by ``(round, env, step)`` together would have
+    as many groups as env-steps, i.e. be as large as the data itself.
     """
-    round_env = _grouped(run, ("round", "env"))
-    by_step = _grouped(run, ("step",)).sort("type", "step")
-    totals = round_env.group_by("type").agg(pl.col("events").sum())
-    total_of = dict(zip(totals["type"], totals["events"], strict=True))
+    tables, total_of = _breakdowns(run)
     env_steps = _env_steps(run, total_of)
     manifest = _manifest_counts(run)
     levels = {t: EVENT_LEVELS[cls].name.lower() for t, cls in EVENT_TYPES.items()}
@@ -99,15 +123,11 @@ def event_counts(run: Run) -> Counts:
         if t in total_of
     ]
     by_type = pl.DataFrame(rows, schema=_BY_TYPE_SCHEMA)
-
-    def by(dim: str) -> pl.DataFrame:
-        return round_env.group_by("type", dim).agg(pl.col("events").sum()).sort("type", dim)
-
     return Counts(
         by_type=by_type,
-        by_round=by("round"),
-        by_env=by("env"),
-        by_step=by_step,
+        by_round=tables["round"],
+        by_env=tables["env"],
+        by_step=tables["step"],
         total=int(by_type["events"].sum()),
         env_steps=env_steps,
     )

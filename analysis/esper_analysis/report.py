@@ -289,7 +289,7 @@ def build_report(
     lc = seed_lifecycles(run)
     actions = action_distribution(run)
     tp = throughput(run)
-    check = check_baseline(run, baseline) if baseline is not None else None
+    check = check_baseline(run, baseline, counts) if baseline is not None else None
     body = [
         _header(run, counts, tp),
         _section("Learning curve", _learning_curve(run), plots=True),
