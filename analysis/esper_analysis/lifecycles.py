@@ -29,6 +29,17 @@ LIVE_STAGES: Final = (
 #: Stages drawn on the timeline (live stages plus the permanent one).
 TIMELINE_STAGES: Final = (*LIVE_STAGES, SeedStage.FOSSILIZED.value)
 _EPISODE_KEY: Final = ["run_id", "rank", "round", "env"]
+SEED_EVENT_TYPES: Final = (
+    "seed_germinated",
+    "seed_stage_changed",
+    "seed_fossilized",
+    "seed_pruned",
+)
+#: A 64-bit hash of :data:`SEED_KEY`: joining and sorting on one integer instead of six
+#: columns (three of them strings) makes this analysis several times cheaper. Used only
+#: where it is collision-free for the run (checked); otherwise the key columns are used.
+SEED_HASH: Final = "_seed_hash"
+HASH_SEED: Final = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +78,9 @@ def _duration_column(stage: str) -> str:
     return f"epochs_{stage.lower()}"
 
 
-def _stage_durations(changes: pl.LazyFrame) -> pl.LazyFrame:
+def _stage_durations(changes: pl.LazyFrame, key: list[str]) -> pl.LazyFrame:
     """Recorded epochs per live stage, one column per stage."""
-    return changes.group_by(SEED_KEY).agg(
+    return changes.group_by(key).agg(
         *(
             pl.col("epochs_in_prev_stage")
             .filter(pl.col("from_stage") == stage)
@@ -82,16 +93,34 @@ def _stage_durations(changes: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def _seed_table(run: Run) -> pl.LazyFrame:
-    germ = run.scan("seed_germinated").select(
-        *SEED_KEY, "blueprint", "params", germinated_step="step"
+def _scans(run: Run) -> dict[str, pl.LazyFrame]:
+    """The four seed event types, each with :data:`SEED_HASH` added."""
+    return {
+        t: run.scan(t).with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
+        for t in SEED_EVENT_TYPES
+    }
+
+
+def _seed_keys(scans: dict[str, pl.LazyFrame]) -> pl.DataFrame:
+    """Every distinct seed (``SEED_KEY`` plus its hash) named by any seed event."""
+    return pl.concat([f.select(*SEED_KEY, SEED_HASH) for f in scans.values()]).unique().collect()
+
+
+def _join_key(keys: pl.DataFrame) -> list[str]:
+    """Join on the one-integer hash when it is collision-free in this run (checked on the
+    distinct seeds), else on the six key columns; the results are the same."""
+    return [SEED_HASH] if keys[SEED_HASH].n_unique() == keys.height else list(SEED_KEY)
+
+
+def _seed_table(
+    run: Run, scans: dict[str, pl.LazyFrame], keys: pl.DataFrame, key: list[str]
+) -> pl.LazyFrame:
+    germ = scans["seed_germinated"].select(*key, "blueprint", "params", germinated_step="step")
+    fossil = scans["seed_fossilized"].select(
+        *key, fossil_step="step", fossil_contribution="contribution"
     )
-    changes = run.scan("seed_stage_changed")
-    fossil = run.scan("seed_fossilized").select(
-        *SEED_KEY, fossil_step="step", fossil_contribution="contribution"
-    )
-    pruned = run.scan("seed_pruned").select(
-        *SEED_KEY,
+    pruned = scans["seed_pruned"].select(
+        *key,
         "reason",
         "initiator",
         "stage_at_prune",
@@ -99,9 +128,6 @@ def _seed_table(run: Run) -> pl.LazyFrame:
         prune_contribution="contribution",
     )
     episodes = run.scan("episode_finished").select(*_EPISODE_KEY, episode_end_step="step")
-    keys = pl.concat(
-        [f.select(SEED_KEY) for f in (germ, changes, fossil, pruned)], how="vertical"
-    ).unique()
     outcome = (
         pl.when(pl.col("fossil_step").is_not_null())
         .then(pl.lit("fossilized"))
@@ -120,10 +146,13 @@ def _seed_table(run: Run) -> pl.LazyFrame:
         for stage in LIVE_STAGES
     ]
     return (
-        keys.join(germ, on=SEED_KEY, how="left", nulls_equal=True)
-        .join(_stage_durations(changes), on=SEED_KEY, how="left", nulls_equal=True)
-        .join(fossil, on=SEED_KEY, how="left", nulls_equal=True)
-        .join(pruned, on=SEED_KEY, how="left", nulls_equal=True)
+        keys.lazy()
+        .join(germ, on=key, how="left", nulls_equal=True)
+        .join(
+            _stage_durations(scans["seed_stage_changed"], key), on=key, how="left", nulls_equal=True
+        )
+        .join(fossil, on=key, how="left", nulls_equal=True)
+        .join(pruned, on=key, how="left", nulls_equal=True)
         .join(episodes, on=_EPISODE_KEY, how="left")
         .with_columns(outcome=outcome)
         .with_columns(add_open)
@@ -137,6 +166,7 @@ def _seed_table(run: Run) -> pl.LazyFrame:
         .with_columns(lifetime_epochs=pl.col("ended_step") - pl.col("germinated_step"))
         .select(
             *SEED_KEY,
+            SEED_HASH,
             "blueprint",
             "outcome",
             "final_stage",
@@ -154,25 +184,25 @@ def _seed_table(run: Run) -> pl.LazyFrame:
     )
 
 
-def _segments(run: Run, seeds: pl.LazyFrame) -> pl.LazyFrame:
+def _segments(scans: dict[str, pl.LazyFrame], seeds: pl.LazyFrame, key: list[str]) -> pl.LazyFrame:
     """Timeline pieces ``(seed, stage, start_step, end_step)`` of live and fossilized stages.
 
-    A piece ends where the next transition happens; the last one (fossilized, or alive
-    at the end) runs to the episode's end step.
+    A piece ends where the seed's next transition happens (rows sorted by seed, then
+    ``seq``); the last one (fossilized, or alive at the end) runs to the episode's end.
     """
+    columns = [*SEED_KEY, SEED_HASH, "seq", "step"]
     starts = pl.concat(
         [
-            run.scan("seed_germinated").select(
-                *SEED_KEY, "seq", "step", stage=pl.lit(SeedStage.GERMINATED.value)
-            ),
-            run.scan("seed_stage_changed").select(*SEED_KEY, "seq", "step", stage="to_stage"),
+            scans["seed_germinated"].select(*columns, stage=pl.lit(SeedStage.GERMINATED.value)),
+            scans["seed_stage_changed"].select(*columns, stage="to_stage"),
         ]
     )
-    ends = seeds.select(*SEED_KEY, "episode_end_step", "ended_step")
+    ends = seeds.select(*key, "episode_end_step", "ended_step")
+    same_seed = pl.all_horizontal(pl.col(k) == pl.col(k).shift(-1) for k in key)
     return (
-        starts.sort("seq")
-        .with_columns(next_step=pl.col("step").shift(-1).over(SEED_KEY))
-        .join(ends, on=SEED_KEY, how="left", nulls_equal=True)
+        starts.join(ends, on=key, how="left", nulls_equal=True)
+        .sort(*key, "seq")
+        .with_columns(next_step=pl.when(same_seed).then(pl.col("step").shift(-1)))
         .with_columns(end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"))
         .filter(pl.col("stage").is_in(TIMELINE_STAGES))
         .select(*SEED_KEY, "stage", start_step="step", end_step="end_step")
@@ -207,9 +237,12 @@ def _by_blueprint(seeds: pl.LazyFrame) -> pl.LazyFrame:
 
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    seeds_lf = _seed_table(run)
+    scans = _scans(run)
+    keys = _seed_keys(scans)
+    key = _join_key(keys)
+    seeds_lf = _seed_table(run, scans, keys, key)
     seeds, by_blueprint, segments = pl.collect_all(
-        [seeds_lf, _by_blueprint(seeds_lf), _segments(run, seeds_lf)]
+        [seeds_lf.drop(SEED_HASH), _by_blueprint(seeds_lf), _segments(scans, seeds_lf, key)]
     )
     outcomes = seeds["outcome"].value_counts()
     count = dict(zip(outcomes["outcome"].to_list(), outcomes["count"].to_list(), strict=True))
