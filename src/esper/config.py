@@ -27,6 +27,10 @@ Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 #: Seeds are offset by round/env strides before reaching torch's int64 generators.
 MAX_SEED = 2**32 - 1
 Seed = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)]
+#: Most envs one process runs: each env is a whole host network with its optimizer and
+#: runs sequentially per step, so far more is a typo or a memory exhaustion, not a run.
+MAX_ENVS = 1024
+EnvCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENVS)]
 DEVICE_PATTERN = re.compile(r"(cpu|cuda)(:\d+)?")
 #: Lifecycle op names as config keys (``esper.core.enums.LifecycleOp``, lower case).
 OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
@@ -142,7 +146,7 @@ class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    n_envs: Positive = 4
+    n_envs: EnvCount = 4
     rounds: Positive = 3
     episode_length: Positive = 20
     seed: Seed = 0

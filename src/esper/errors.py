@@ -23,3 +23,8 @@ class DatasetError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint cannot be loaded (corrupt, unsafe, or from another configuration)."""
+
+
+class CheckpointSaveError(EsperError):
+    """A checkpoint could not be written (disk full, permissions); the previous one is
+    intact. A failed run, not bad input: exit code 1."""

@@ -6,9 +6,13 @@ Imports torch (through the trainer); only loaded once a training command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -18,11 +22,13 @@ from esper.config import Config
 from esper.errors import UserError
 from esper.telemetry.writer import TelemetryWriteError
 from esper.training.faults import FaultPlan, parse_fault
-from esper.training.run import TrainResult, train
+from esper.training.run import CheckpointLedger, Terminated, TrainResult, train
 from esper.training.trainer import RoundSummary, StepProgress
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+#: 128 + SIGTERM, what shells and supervisors expect from a process ended by SIGTERM.
+EXIT_TERMINATED = 143
 
 
 class _ProgressView:
@@ -64,8 +70,9 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     faults = FaultPlan([parse_fault(s) for s in args.inject_fault])
     view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())
+    ledger = CheckpointLedger()
     try:
-        with view.progress:
+        with view.progress, _sigterm_as_interrupt():
             result = train(
                 cfg,
                 progress=view,
@@ -73,10 +80,14 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
                 save=args.save,
                 resume=args.resume,
                 continue_run=args.continue_run,
+                ledger=ledger,
             )
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: telemetry flushed and checkpoint saved")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        console.print(
+            f"{what}: telemetry flushed; {_checkpoint_note(ledger)}", markup=False, soft_wrap=True
+        )
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
     except UserError:
         raise
     except Exception as exc:  # a failed run: say what and where the data is
@@ -92,8 +103,7 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
             else "telemetry was flushed"
         )
         console.print(
-            f"{saved} and a checkpoint of the last completed round saved; "
-            "set ESPER_TRACEBACK=1 for the traceback",
+            f"{saved}; {_checkpoint_note(ledger)}; set ESPER_TRACEBACK=1 for the traceback",
             markup=False,
             soft_wrap=True,
         )
@@ -103,6 +113,39 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
     if args.report is not None:
         _write_report(result, args.report, out)
     return 0
+
+
+def _checkpoint_note(ledger: CheckpointLedger) -> str:
+    """Which checkpoint resumes the run: only what is true on disk."""
+    failed = f"saving a checkpoint failed ({ledger.save_error}); " if ledger.save_error else ""
+    if ledger.path is None:
+        return f"{failed}no round completed, so there is no checkpoint to resume from"
+    return (
+        f"{failed}the last good checkpoint is {ledger.path} "
+        f"(resumes at round {ledger.next_round}: --resume {ledger.path})"
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (docker stop, Slurm, systemd, timeout) ends the run like Ctrl-C does.
+
+    The first SIGTERM raises :class:`Terminated` in the main thread; later ones are
+    ignored so they cannot cut the clean close short (SIGKILL still works).
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write_report(r: TrainResult, target: str, console: Console) -> None:

@@ -11,6 +11,7 @@ a weight would load silently and resume a different run.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -23,8 +24,8 @@ from typing import Any
 import msgspec
 import torch
 
-from esper.config import Config
-from esper.errors import CheckpointError
+from esper.config import Config, ConfigError, config_from_dict, with_overrides
+from esper.errors import CheckpointError, CheckpointSaveError
 
 CHECKPOINT_FORMAT = 2
 #: Format 1 (no digest) files from earlier versions still load, unverified.
@@ -51,9 +52,13 @@ def compat_fingerprint(cfg: Config) -> str:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> int:
-    """Atomically write ``state`` to ``path``; returns the size in bytes."""
+    """Atomically write ``state`` to ``path``; returns the size in bytes.
+
+    The file is serialised in memory and written with plain OS writes, so a full disk or
+    a permission problem is a :class:`CheckpointSaveError` naming the path and the cause
+    (not torch's opaque ``enforce fail``), and the previous checkpoint stays untouched.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     inner = io.BytesIO()
     torch.save(state, inner)
     raw = inner.getvalue()
@@ -62,17 +67,32 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> int:
         "sha256": hashlib.sha256(raw).hexdigest(),
         "state": torch.frombuffer(bytearray(raw), dtype=torch.uint8),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    outer = io.BytesIO()
+    torch.save(payload, outer)
+    tmp: str | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
+            fh.write(outer.getbuffer())
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise CheckpointSaveError(_save_failure(target, exc)) from exc
+    finally:
+        if tmp is not None:  # a failed write leaves no temporary file behind
+            Path(tmp).unlink(missing_ok=True)
     return target.stat().st_size
+
+
+def _save_failure(target: Path, exc: OSError) -> str:
+    cause = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+    return (
+        f"cannot save the checkpoint {target}: {cause}; "
+        "the previous checkpoint at that path (if any) is unchanged"
+    )
 
 
 def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
@@ -90,6 +110,28 @@ def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
             f"differences: {_config_diff(theirs, ours)}"
         )
     return state
+
+
+def checkpoint_config(path: str | Path) -> Config:
+    """The configuration a checkpoint was written with: ``--resume`` without ``--config``.
+
+    A checkpoint inside its run directory (``<dir>/<run id>/checkpoint.pt``) also says
+    where the run's telemetry lives, wherever the original command was run from.
+    """
+    p = Path(path)
+    raw = read_checkpoint(p).get("config")
+    if not isinstance(raw, str):
+        raise CheckpointError(f"{p}: the checkpoint stores no configuration; pass --config FILE")
+    try:
+        data = msgspec.json.decode(raw)
+        cfg = config_from_dict(data, source=f"{p} (stored configuration)")
+    except (msgspec.DecodeError, ConfigError) as exc:
+        raise CheckpointError(
+            f"{p}: the stored configuration does not load here ({exc}); pass --config FILE"
+        ) from None
+    if cfg.run.run_id and p.parent.name == cfg.run.run_id:
+        cfg = with_overrides(cfg, {"telemetry.dir": str(p.parent.parent)})
+    return cfg
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -7,15 +7,19 @@ Syntax (``--inject-fault``, repeatable)::
     data_error:round=0,step=2       # the data loader raises at that step
 
 Faults are matched exactly; unspecified ``env`` matches env 0. They never fire unless
-asked for, and parsing errors name the bad spec.
+asked for, and parsing errors name the bad spec. A fault that could never fire (an env,
+round or step outside the run, or a field its kind does not use) is a usage error, not
+a silent no-op: :func:`check_faults`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 import msgspec
 
+from esper.config import RunConfig
 from esper.errors import UserError
 
 
@@ -27,6 +31,12 @@ class FaultKind(StrEnum):
 
 _REQUIRED_KEYS: dict[FaultKind, frozenset[str]] = {
     FaultKind.NAN: frozenset({"round", "step"}),
+    FaultKind.POLICY_NAN: frozenset({"round"}),
+    FaultKind.DATA_ERROR: frozenset({"round", "step"}),
+}
+#: The fields each kind matches on (data and policy faults hit every env at once).
+_USED_KEYS: dict[FaultKind, frozenset[str]] = {
+    FaultKind.NAN: frozenset({"env", "round", "step"}),
     FaultKind.POLICY_NAN: frozenset({"round"}),
     FaultKind.DATA_ERROR: frozenset({"round", "step"}),
 }
@@ -70,7 +80,41 @@ def parse_fault(spec: str) -> Fault:
     missing = _REQUIRED_KEYS[kind] - values.keys()
     if missing:
         raise UserError(f"--inject-fault {spec!r}: missing {', '.join(sorted(missing))}")
+    unused = values.keys() - _USED_KEYS[kind]
+    if unused:
+        raise UserError(
+            f"--inject-fault {spec!r}: {', '.join(sorted(unused))} does not apply to "
+            f"{kind.value} (it uses {', '.join(sorted(_USED_KEYS[kind]))})"
+        )
     return Fault(kind=kind, **values)
+
+
+def check_faults(
+    faults: FaultPlan | Iterable[Fault], run: RunConfig, *, start_round: int = 0
+) -> None:
+    """Refuse a fault that could never fire in this run (``run`` is ``config.run``)."""
+    for f in faults.faults if isinstance(faults, FaultPlan) else faults:
+        spec = _spec(f)
+        if f.env >= run.n_envs:
+            raise UserError(
+                f"--inject-fault {spec!r}: env {f.env} does not exist "
+                f"(--envs {run.n_envs}: envs 0..{run.n_envs - 1})"
+            )
+        if not start_round <= f.round < run.rounds:
+            raise UserError(
+                f"--inject-fault {spec!r}: round {f.round} is not run "
+                f"(rounds {start_round}..{run.rounds - 1})"
+            )
+        if f.step >= run.episode_length:
+            raise UserError(
+                f"--inject-fault {spec!r}: step {f.step} is past the episode "
+                f"(--episode-length {run.episode_length}: steps 0..{run.episode_length - 1})"
+            )
+
+
+def _spec(f: Fault) -> str:
+    fields = [f"{k}={getattr(f, k)}" for k in ("env", "round", "step") if k in _USED_KEYS[f.kind]]
+    return f"{f.kind.value}:{','.join(fields)}"
 
 
 class FaultPlan:

@@ -1,13 +1,16 @@
 """``esper.train(config, ...)``: build the collaborators, run the rounds, never lose data.
 
 Collaborators are injected (``telemetry=``, ``data=``, ``policy=``) and built from the
-config only when not given. Whatever happens (normal end, exception, Ctrl-C) the hub is
-flushed and closed with the right status and a checkpoint of the last completed round
-is written, so an interrupted run can be resumed.
+config only when not given. Whatever happens (normal end, exception, Ctrl-C, SIGTERM)
+the hub is flushed and closed with the right status, and the checkpoint on disk is the
+state at the end of the last completed round: a partial round is never checkpointed
+(its events lie after the checkpoint's sequence position, so ``--continue-run`` cuts
+them and replays the round exactly as an uninterrupted run would).
 """
 
 from __future__ import annotations
 
+import copy
 import platform
 import sys
 import time
@@ -21,7 +24,7 @@ import esper
 from esper.config import Config, ConfigError, with_overrides
 from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
-from esper.errors import CheckpointError, UserError
+from esper.errors import CheckpointError, CheckpointSaveError, UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
 from esper.policy.protocol import Policy
@@ -31,12 +34,42 @@ from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.telemetry.resume import check_new_run_dir
 from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
-from esper.training.faults import FaultPlan
+from esper.training.faults import FaultPlan, check_faults
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
 from esper.training.trainer import ProgressFn, RoundSummary, VectorizedTrainer
 
 CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (docker stop, Slurm, systemd, ``timeout``): handled exactly like Ctrl-C."""
+
+
+@dataclass
+class CheckpointLedger:
+    """The last good checkpoint of this run's progress, for messages that must be true.
+
+    Passed in by the caller and kept up to date while training, so that after an
+    interrupt or an error (when :func:`train` returns nothing) the CLI can say which
+    checkpoint resumes the run, from which round, or that none was written.
+    """
+
+    path: Path | None = None
+    #: The round that checkpoint resumes at.
+    next_round: int = -1
+    #: Why the last save failed ("" when none did).
+    save_error: str = ""
+
+
+@dataclass
+class _RoundEnd:
+    """The training state at the end of a completed round, not yet on disk."""
+
+    next_round: int
+    seq_position: int
+    learner: dict[str, Any]
+    torch_rng: torch.Tensor
 
 
 @dataclass
@@ -69,6 +102,16 @@ def default_run_id(cfg: Config) -> str:
     return f"{cfg.task.name.value}-{cfg.policy.kind.value}-s{cfg.run.seed}-{stamp}"
 
 
+def _check_envs_fit(cfg: Config, data: TaskData) -> None:
+    """Each env trains on its own share of the data: at least one sample each."""
+    n_train = int(data.train_y.shape[0])
+    if cfg.run.n_envs > n_train:
+        raise ConfigError(
+            f"--envs {cfg.run.n_envs} (run.n_envs): task {cfg.task.name.value!r} has "
+            f"{n_train} training samples, so at most {n_train} envs (one sample each)"
+        )
+
+
 def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
     """The policy's action space, from a probe model (which also validates ``host``)."""
     try:
@@ -89,17 +132,32 @@ def train(
     save: str | Path | None = None,
     resume: str | Path | None = None,
     continue_run: bool = False,
+    ledger: CheckpointLedger | None = None,
 ) -> TrainResult:
-    """Train (PPO or heuristic, per ``config.policy.kind``) and return a summary."""
+    """Train (PPO or heuristic, per ``config.policy.kind``) and return a summary.
+
+    ``ledger`` (optional) is kept pointing at the last good checkpoint, for callers that
+    report on an interrupted or failed run.
+    """
     cfg = resolve_device(config)
+    if continue_run and resume is None:
+        raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     state = load_checkpoint(resume, cfg) if resume is not None else None
+    start = int(state["next_round"]) if state is not None else 0
+    _check_rounds_left(cfg, start, resume)
+    if faults is not None:
+        check_faults(faults, cfg.run, start_round=start)
+    ledger = ledger if ledger is not None else CheckpointLedger()
+    if state is not None and resume is not None:
+        ledger.path, ledger.next_round = Path(resume), start
     run_id, parent = _run_identity(cfg, state, continue_run)
     cfg = with_overrides(cfg, {"run.run_id": run_id})
     if telemetry is None:
         _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None)
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
+    _check_envs_fit(cfg, data)
     space = action_space_for(cfg, data)
     learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
     start_round = 0
@@ -134,7 +192,18 @@ def train(
         raise
     run_dir = getattr(hub, "run_dir", None)
     ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
-    return _run_rounds(cfg, trainer, learner, hub, start_round, ckpt_path, run_dir)
+    saver = _Saver(cfg, learner, hub, ckpt_path, ledger)
+    return _run_rounds(cfg, trainer, saver, start_round, run_dir)
+
+
+def _check_rounds_left(cfg: Config, start: int, resume: str | Path | None) -> None:
+    """``run.rounds`` is the run's total: a resume past it would run nothing."""
+    if start >= cfg.run.rounds:
+        raise UserError(
+            f"{resume}: the checkpoint resumes at round {start}, but --rounds (run.rounds, "
+            f"the total number of rounds) is {cfg.run.rounds}: nothing is left to run; "
+            f"pass --rounds greater than {start}"
+        )
 
 
 def _start_run(
@@ -157,24 +226,29 @@ def _start_run(
 def _run_rounds(
     cfg: Config,
     trainer: VectorizedTrainer,
-    learner: Learner,
-    hub: Hub,
+    saver: _Saver,
     start_round: int,
-    ckpt_path: Path,
     run_dir: Path | None,
 ) -> TrainResult:
+    """Run the rounds; on any way out, checkpoint only completed rounds, then close."""
     t0 = time.perf_counter()
     next_round = start_round
     status, error = RunStatus.FINISHED, ""
+    hub = trainer.hub
     try:
         for rnd in range(start_round, cfg.run.rounds):
             trainer.run_round(rnd)
             next_round = rnd + 1
             every = cfg.run.checkpoint_every
-            if every and (next_round % every == 0 or next_round == cfg.run.rounds):
-                _checkpoint(cfg, learner, hub, ckpt_path, next_round)
-    except KeyboardInterrupt:
-        status, error = RunStatus.INTERRUPTED, "interrupted by user (Ctrl-C)"
+            due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
+            saver.round_completed(next_round, save_now=due)
+    except KeyboardInterrupt as exc:
+        status = RunStatus.INTERRUPTED
+        error = (
+            "terminated (SIGTERM)"
+            if isinstance(exc, Terminated)
+            else "interrupted by user (Ctrl-C)"
+        )
         raise
     except BaseException as exc:
         status, error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
@@ -184,7 +258,7 @@ def _run_rounds(
         env_steps = trainer.state.env_steps
         try:  # a failed telemetry writer makes these emits raise: still close the hub
             if status != RunStatus.FINISHED:
-                _checkpoint(cfg, learner, hub, ckpt_path, next_round)
+                saver.save_pending_quietly()
             hub.emit(
                 ev.RunFinished(
                     status=status.value,
@@ -208,7 +282,7 @@ def _run_rounds(
         wall_s=wall,
         eps=env_steps / wall if wall > 0 else 0.0,
         rollbacks=trainer.state.rollbacks,
-        checkpoint=ckpt_path if ckpt_path.exists() else None,
+        checkpoint=saver.path if saver.path.exists() else None,
         rounds=trainer.state.round_summaries,
     )
 
@@ -221,7 +295,20 @@ def _run_identity(cfg: Config, state: dict[str, Any] | None, continue_run: bool)
     if continue_run:
         return validate_run_id(parent), ""
     child = cfg.run.run_id if cfg.run.run_id and cfg.run.run_id != parent else ""
-    return validate_run_id(child or f"{parent}-resume{int(state['next_round'])}"), parent
+    if child:
+        return validate_run_id(child), parent
+    return _free_run_id(cfg, validate_run_id(f"{parent}-resume{int(state['next_round'])}")), parent
+
+
+def _free_run_id(cfg: Config, base: str) -> str:
+    """An automatic id not taken yet: resuming one checkpoint twice must not collide."""
+    if cfg.telemetry.level_enum == TelemetryLevel.OFF:
+        return base
+    candidate, n = base, 1
+    while resolve_run_dir(cfg.telemetry.dir, candidate).exists():
+        n += 1
+        candidate = validate_run_id(f"{base}-{n}")
+    return candidate
 
 
 def _check_telemetry_dir(cfg: Config, run_id: str, *, resumed: bool) -> None:
@@ -253,33 +340,83 @@ def _default_checkpoint(cfg: Config, run_id: str) -> Path:
     return Path(cfg.telemetry.dir) / run_id / CHECKPOINT_NAME
 
 
-def _checkpoint(cfg: Config, learner: Learner, hub: Hub, path: Path, next_round: int) -> None:
-    """Save; ``seq_position`` is the seq of this ``checkpoint_saved`` event.
+class _Saver:
+    """Writes checkpoints of completed rounds only, and keeps the ledger true.
 
-    Every event before it is flushed to disk first, so whenever the checkpoint exists the
-    events it covers are durable: a ``--continue-run`` resume after a kill restarts at
-    ``seq_position`` (cutting this event and anything later) without leaving a gap. The
-    checkpoint is written even when the flush fails (training state matters most).
+    ``seq_position`` is the sequence number right after the round's last event (the
+    ``checkpoint_saved`` event of an end-of-round save). Every event before it is
+    flushed to disk first, so whenever the checkpoint exists the events it covers are
+    durable: a ``--continue-run`` resume restarts at ``seq_position`` (cutting anything
+    later, e.g. a partial round) without leaving a gap. A completed round that was not
+    saved (``checkpoint_every`` > 1) is kept in memory and written on an interrupt or
+    error, so the last completed round is never lost and never replaced by a partial one.
     """
-    seq = hub.next_seq
-    try:
-        hub.flush()
-    finally:
-        size = save_checkpoint(
-            path,
-            {
-                "run_id": cfg.run.run_id,
-                "next_round": next_round,
-                "seq_position": seq,
-                "config": cfg.to_json(),
-                "compat": compat_fingerprint(cfg),
-                "learner": learner.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-            },
+
+    def __init__(
+        self, cfg: Config, learner: Learner, hub: Hub, path: Path, ledger: CheckpointLedger
+    ) -> None:
+        self.cfg, self.learner, self.hub, self.path, self.ledger = cfg, learner, hub, path, ledger
+        self.pending: _RoundEnd | None = None
+
+    def round_completed(self, next_round: int, *, save_now: bool) -> None:
+        state = self.learner.state_dict()
+        self.pending = _RoundEnd(
+            next_round=next_round,
+            seq_position=self.hub.next_seq,
+            # Kept past this call only when not saved now: copy, the learner moves on.
+            learner=state if save_now else copy.deepcopy(state),
+            torch_rng=torch.get_rng_state(),
         )
-    hub.emit(
-        ev.CheckpointSaved(path=str(path), bytes=size, next_round=next_round, seq_position=seq)
-    )
+        if save_now:
+            self._save(self.pending)
+
+    def save_pending_quietly(self) -> None:
+        """On the way out: write the last completed round if it is not on disk yet.
+
+        A failure is recorded in the ledger, not raised: it must not mask the reason
+        the run is ending. A save that already failed is not retried.
+        """
+        if self.pending is None or self.ledger.save_error:
+            return
+        try:
+            self._save(self.pending)
+        except Exception as exc:
+            self.ledger.save_error = self.ledger.save_error or str(exc)
+
+    def _save(self, end: _RoundEnd) -> None:
+        flush_error: BaseException | None = None
+        try:
+            self.hub.flush()
+        except BaseException as exc:  # still save: training state matters most
+            flush_error = exc
+        try:
+            size = save_checkpoint(
+                self.path,
+                {
+                    "run_id": self.cfg.run.run_id,
+                    "next_round": end.next_round,
+                    "seq_position": end.seq_position,
+                    "config": self.cfg.to_json(),
+                    "compat": compat_fingerprint(self.cfg),
+                    "learner": end.learner,
+                    "torch_rng": end.torch_rng,
+                },
+            )
+        except CheckpointSaveError as exc:
+            self.ledger.save_error = str(exc)
+            raise
+        self.pending = None
+        self.ledger.path, self.ledger.next_round = self.path, end.next_round
+        if flush_error is not None:
+            raise flush_error
+        self.hub.emit(
+            ev.CheckpointSaved(
+                path=str(self.path),
+                bytes=size,
+                next_round=end.next_round,
+                seq_position=end.seq_position,
+            )
+        )
 
 
 def _run_started(cfg: Config, learner: Learner, parent: str, start_round: int) -> ev.RunStarted:

@@ -253,9 +253,9 @@ class VectorizedTrainer:
                 if contribution == contribution:  # measured (not NaN)
                     env.model.record_contribution(slot, contribution)
             env.model.apply_grad_norms(st.grad_norms)
-            self._governor_check(env, st, rnd, step)
-            env.model.tick(st.val_acc)
-            env.tracker.update(st.val_loss, st.val_acc)
+            self._governor_check(env, st, rnd, step)  # after a rollback: restored metrics
+            env.model.tick(env.val_acc)
+            env.tracker.update(env.val_loss, env.val_acc)
             self._emit_records(env, rnd, step)
             if normal:
                 emitters.emit_counterfactual(self.hub, cf, rnd=rnd, env=env.index, step=step)
@@ -281,6 +281,11 @@ class VectorizedTrainer:
             clear_optimizers=lambda: _clear_optimizers(env),
             transitions_affected=affected,
         )
+        # The env is the restored model now: its accuracy and loss (what the step's
+        # reward, a terminal reward and episode_finished use) must be that model's, not
+        # the failed one's. One extra pass and transfer, on rollback steps only.
+        (restored,) = gather_step_stats([env], validate_fused([env], self.val, [None], self.opts))
+        env.val_acc, env.val_loss = restored.val_acc, restored.val_loss
         env.stats.rollbacks += 1
         env.stats.rollback_penalty += record.penalty
         env.stats.reward_sum += record.penalty
