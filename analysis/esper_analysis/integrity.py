@@ -1,10 +1,14 @@
 """Integrity checks that keep damaged or foreign files from crashing an analysis.
 
-Two layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
+Four layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
 columns do not have the catalogue's types for its event type (the loader then treats
-it like an unreadable file); :func:`corrupt_data_errors` turns a scan that fails on
-damaged data pages, which only a full read can find, into :class:`CorruptFileError`
-naming the file. Every public analysis runs under :func:`guard_corrupt_data`.
+it like an unreadable file); :func:`verify_pages` decodes every page with its CRC32
+checked (files written before page checksums are decoded only), so random bytes in a
+part are an error rather than silently different numbers;
+:func:`esper_analysis.manifest_check.check_run_integrity` compares the files with
+the manifest (``run_id``, per-type counts); :func:`corrupt_data_errors` turns a scan
+that fails on damaged data pages into :class:`CorruptFileError` naming the file.
+Every public analysis runs under :func:`guard_corrupt_data`.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Concatenate, Final, ParamSpec, TypeVar
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from polars.datatypes import DataTypeClass
 
@@ -33,6 +39,50 @@ _MAX_UNSIGNED_BITS: Final = 32
 
 class ForeignTableError(ValueError):
     """A Parquet file whose columns lack the catalogue's types for its event type."""
+
+
+class IntegrityError(CorruptFileError):
+    """The files disagree with the manifest, or hold another run's events (exit 2)."""
+
+
+class DamagedPagesError(ValueError):
+    """A data page fails its checksum or does not decode (the footer was fine)."""
+
+
+def verify_pages(path: Path) -> None:
+    """Decode every page of ``path``, verifying page checksums where the file has them.
+
+    Raises :class:`DamagedPagesError` with the first line of pyarrow's message.
+    """
+    try:
+        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+            for group in range(parquet.num_row_groups):
+                parquet.read_row_group(group)
+    except (OSError, pa.ArrowException) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DamagedPagesError(first) from None
+
+
+def footer_run_id(meta: pq.FileMetaData) -> str | None:
+    """The file's single ``run_id`` from the footer statistics, or None if not provable."""
+    names = meta.schema.names
+    if "run_id" not in names or meta.num_row_groups == 0:
+        return None
+    col = names.index("run_id")
+    values: set[object] = set()
+    for group in range(meta.num_row_groups):
+        stats = meta.row_group(group).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        values.update((stats.min, stats.max))
+    only = values.pop() if len(values) == 1 else None
+    return only if isinstance(only, str) else None
+
+
+def file_run_ids(path: Path) -> set[str]:
+    """Every distinct ``run_id`` in a file (reads that one column)."""
+    column = pq.read_table(path, columns=["run_id"]).column("run_id")
+    return {str(v) for v in pc.unique(column).to_pylist()}
 
 
 def _same_kind(t: pa.DataType, d: pl.DataType | DataTypeClass) -> bool:

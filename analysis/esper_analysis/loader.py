@@ -4,12 +4,18 @@ A run directory is ``<run_id>/manifest.json`` plus
 ``<run_id>/events/<event_type>/rank=<r>/part-<n>.parquet``. Only Parquet *footers* are
 read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
 
-Corrupt files: in a run whose writer closed cleanly (manifest status finished, failed
-or interrupted) an unreadable Parquet file is an error that names the file, because
-silently analysing part of a finished run would give wrong answers. In a run whose
-manifest still says ``running`` (killed, or still live) unreadable files are skipped
-with a warning and listed in :attr:`Run.recovery`, because reading what a crash left is
-the point there.
+Corrupt files: every page is decoded once at load time with its CRC32 checksum
+verified (:func:`~esper_analysis.integrity.verify_pages`; files written before page
+checksums are decoded only). In a run whose writer closed cleanly (manifest status
+finished, failed or interrupted) an unreadable Parquet file is an error that names the
+file, because silently analysing part of a finished run would give wrong answers. In a
+run whose manifest still says ``running`` (killed, or still live) unreadable files are
+skipped with a warning and listed in :attr:`Run.recovery`, because reading what a crash
+left is the point there.
+
+Foreign or missing events: the files are checked against the manifest (``run_id`` of
+every file, per-type counts; :mod:`esper_analysis.manifest_check`): an error for a
+cleanly closed run, a degraded read with a warning (:attr:`Run.degraded`) otherwise.
 
 Duplicates: events are unique on ``(rank, seq)``. When the files of one type and rank
 have overlapping ``seq`` ranges (a crash during compaction leaves the small parts and
@@ -39,7 +45,15 @@ from esper.core.enums import RunStatus
 from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.manifest import pid_alive
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
-from esper_analysis.integrity import ForeignTableError, check_columns, corrupt_data_errors
+from esper_analysis.integrity import (
+    DamagedPagesError,
+    ForeignTableError,
+    check_columns,
+    corrupt_data_errors,
+    footer_run_id,
+    verify_pages,
+)
+from esper_analysis.manifest_check import check_run_integrity
 from esper_analysis.schema import empty_frame, event_schema, known_event_types
 
 MANIFEST_NAME: Final = "manifest.json"
@@ -77,6 +91,8 @@ class PartFile:
     schema_version: int | None
     seq_min: int | None
     seq_max: int | None
+    #: The one ``run_id`` the footer statistics prove, or None (then read when checked).
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,8 @@ class Run:
     files: dict[str, list[PartFile]]
     skipped: list[SkippedFile] = field(default_factory=list)
     unknown_types: list[str] = field(default_factory=list)
+    #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
+    degraded: list[str] = field(default_factory=list)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -197,8 +215,8 @@ class Run:
         for parts in self.files.values():
             for part in parts:
                 try:
-                    pq.read_table(part.path)
-                except (OSError, pa.ArrowException) as exc:
+                    verify_pages(part.path)
+                except DamagedPagesError as exc:
                     bad.append(SkippedFile(str(part.path), str(exc)))
         return bad
 
@@ -368,10 +386,12 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def _describe(path: Path, event_type: str, rank: int) -> PartFile:
+def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
     meta = pq.read_metadata(path)
     if event_type in _KNOWN_TYPES:
         check_columns(meta, event_type)
+    if verify:
+        verify_pages(path)
     lo, hi = _seq_range(meta)
     return PartFile(
         path=path,
@@ -381,6 +401,7 @@ def _describe(path: Path, event_type: str, rank: int) -> PartFile:
         schema_version=_file_version(meta),
         seq_min=lo,
         seq_max=hi,
+        run_id=footer_run_id(meta),
     )
 
 
@@ -434,7 +455,7 @@ def _superseded(run_dir: Path, manifests: dict[int, dict[str, Any]]) -> set[Path
     return out
 
 
-def _discover(run_dir: Path, tolerant: bool, skip: set[Path]) -> _Discovered:
+def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _Discovered:
     files: dict[str, list[PartFile]] = {}
     skipped: list[SkippedFile] = []
     unknown: list[str] = []
@@ -448,7 +469,14 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path]) -> _Discovered:
             if path in skip:
                 continue
             try:
-                part = _describe(path, event_type, rank)
+                part = _describe(path, event_type, rank, verify)
+            except DamagedPagesError as exc:
+                if not tolerant:
+                    raise CorruptFileError(f"corrupt Parquet data in {path}: {exc}") from None
+                reason = f"damaged Parquet data ({exc})"
+                warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
+                skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
+                continue
             # A scribbled footer can also surface as bad UTF-8 in column paths.
             except (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError) as exc:
                 if not tolerant:
@@ -470,8 +498,12 @@ def is_run_dir(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path / EVENTS_DIR).is_dir()
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
-    """Open one run directory (all ranks); raises a one-line error for user mistakes."""
+def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
+    """Open one run directory (all ranks); raises a one-line error for user mistakes.
+
+    ``verify_pages=False`` skips the full checksum read (footers and the manifest are
+    still checked), for tools that poll a live run and analyse nothing.
+    """
     run_dir = Path(path)
     if not run_dir.exists():
         raise RunNotFoundError(f"run directory {run_dir} does not exist")
@@ -483,25 +515,34 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     tolerant = not manifests or any(
         _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
     )
-    files, skipped, unknown = _discover(run_dir, tolerant, _superseded(run_dir, manifests))
+    superseded = _superseded(run_dir, manifests)
+    files, skipped, unknown = _discover(run_dir, tolerant, superseded, verify_pages)
     if unknown:
         warnings.warn(
             f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
             stacklevel=2,
         )
-    return Run(
+    run = Run(
         path=run_dir, manifests=manifests, files=files, skipped=skipped, unknown_types=unknown
     )
+    run.degraded = check_run_integrity(run)
+    for note in run.degraded:
+        warnings.warn(note, stacklevel=2)
+    return run
 
 
-def load_runs(path: str | os.PathLike[str]) -> list[Run]:
+def load_runs(path: str | os.PathLike[str], *, verify_pages: bool = True) -> list[Run]:
     """Open every run directory directly under ``path`` (or ``path`` itself if it is one)."""
     root = Path(path)
     if not root.is_dir():
         raise RunNotFoundError(f"directory {root} does not exist")
     if is_run_dir(root):
-        return [load_run(root)]
-    runs = [load_run(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run_dir(p)]
+        return [load_run(root, verify_pages=verify_pages)]
+    runs = [
+        load_run(p, verify_pages=verify_pages)
+        for p in sorted(root.iterdir())
+        if p.is_dir() and is_run_dir(p)
+    ]
     if not runs:
         raise RunNotFoundError(f"no run directories under {root}")
     return runs

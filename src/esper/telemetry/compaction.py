@@ -11,7 +11,8 @@ A crash before step 2 leaves the inputs intact and the output absent. A crash be
 steps 2 and 3 leaves both on disk, but the manifest already says that the output
 supersedes the listed inputs, so :func:`live_parts` skips them (and a reader that
 deduplicates on ``(rank, seq)`` gets the same answer). :func:`recover_pending` finishes
-or abandons interrupted rewrites when a run is resumed.
+or abandons interrupted rewrites when a run is resumed. Inputs are read with their page
+checksums verified, so a damaged part is never merged into a fresh, valid-looking file.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _batched(paths: Iterable[Path], schema: pa.Schema) -> Iterator[pa.Table]:
     pending: list[pa.Table] = []
     rows = 0
     for path in paths:
-        table = pq.read_table(path, schema=schema)
+        table = pq.read_table(path, schema=schema, page_checksum_verification=True)
         pending.append(table)
         rows += table.num_rows
         if rows >= COMPACT_ROW_GROUP_ROWS:
@@ -125,7 +126,7 @@ def truncate_from_seq(
     next_number = parts[-1][0] + 1 if parts else 0
     removed = 0
     for _, path in parts:
-        table = pq.read_table(path, schema=schema)
+        table = pq.read_table(path, schema=schema, page_checksum_verification=True)
         keep = pc.less(table.column("seq"), start_seq)
         kept = table.filter(keep)
         if kept.num_rows == table.num_rows:

@@ -3,7 +3,9 @@
 The writer talks to a :class:`PartSink` so tests (and exotic deployments) can inject a
 slow or failing sink as a constructor argument instead of patching globals. The
 default :class:`ParquetSink` writes ``.part-<n>.parquet.tmp`` and renames it into place,
-so a reader never observes a partially written Parquet file.
+so a reader never observes a partially written Parquet file. Every data page carries a
+CRC32 checksum, which readers verify, so a flipped byte is an error instead of a
+silently different number.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class ParquetSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path_for(path)
         try:
-            with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
+            with pq.ParquetWriter(
+                tmp, schema, compression=compression, write_page_checksum=True
+            ) as writer:
                 for table in tables:
                     writer.write_table(table, row_group_size=COMPACT_ROW_GROUP_ROWS)
             size = tmp.stat().st_size
