@@ -105,7 +105,14 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     max_grad_norm: PositiveFloat = 5.0
     target_kl: PositiveFloat | None = 0.015
     update_epochs: Positive = 4
+    #: Gradient steps per epoch: the rollout's chunks are shuffled into this many groups.
+    minibatches: Positive = 4
+    #: Steps per recurrent chunk (replayed from the stored LSTM state); 0 = whole episodes.
+    chunk_length: NonNegative = 10
     normalize_advantages: bool = True
+    #: Rounds over which the learning rate anneals linearly to lr * lr_final_fraction.
+    lr_anneal_rounds: NonNegative = 0
+    lr_final_fraction: Fraction = 0.1
 
 
 class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -73,6 +73,8 @@ def _rollout(
     vn: ValueNormalizer,
     buf: RolloutBuffer,
     gen: torch.Generator,
+    *,
+    store_hidden: bool = False,
 ) -> Tensor:
     n, t = buf.n_envs, buf.horizon
     hidden = net.initial_hidden(n, "cpu")
@@ -98,6 +100,7 @@ def _rollout(
             rewards_normalized=r,
             rewards_raw=r,
             dones=torch.zeros(n, dtype=torch.bool),
+            hidden=out.hidden if store_hidden else None,
         )
     last = vn.denormalize(net.predict_value(_obs(torch.zeros(n, dtype=torch.long)), bp_ids, hidden))
     buf.compute_returns_and_advantages(last, gamma=0.0, gae_lambda=0.95)
@@ -149,7 +152,7 @@ def test_non_finite_loss_skips_the_update_and_leaves_parameters_unchanged() -> N
 
 
 def test_non_finite_loss_in_a_later_epoch_rolls_the_whole_update_back() -> None:
-    net, vn, buf, upd = _setup(n=8, target_kl=None)
+    net, vn, buf, upd = _setup(n=8, target_kl=None, minibatches=1)
     _rollout(net, vn, buf, torch.Generator().manual_seed(0))
     before = _params(net)
     calls = []
@@ -234,7 +237,8 @@ def test_metrics_and_optimizer_state_round_trip() -> None:
     _rollout(net, vn, buf, torch.Generator().manual_seed(0))
     m = upd.update(buf, round_index=0, total_rounds=1)
     assert m.n_transitions == 8 * 4 and m.lr == pytest.approx(3e-4)
-    assert m.minibatches == m.epochs_run and m.grad_norm > 0
+    # minibatches counts gradient steps: 4 per completed epoch, plus a partial epoch's.
+    assert 4 * m.epochs_run <= m.minibatches < 4 * (m.epochs_run + 1) and m.grad_norm > 0
     assert 0.0 <= m.clip_frac <= 1.0 and m.ratio_max > 0 and m.entropy_op > 0
     other = PPOUpdater(_net(), PPOConfig(), value_normalizer=ValueNormalizer())
     other.load_state_dict(upd.state_dict())
@@ -277,3 +281,58 @@ def test_update_runs_on_cuda_and_the_gate_holds() -> None:
     assert all(torch.equal(v, before[k]) for k, v in gpu_net.state_dict().items())
     m = gupd.update(gbuf, round_index=0, total_rounds=1)
     assert not m.skipped and m.epochs_run >= 1 and math.isfinite(m.policy_loss)
+
+
+def _random_context_rollout(t: int, chunk_length: int, **cfg: object):
+    net, vn, buf, upd = _setup(n=6, t=t, chunk_length=chunk_length, **cfg)
+    _rollout(net, vn, buf, torch.Generator().manual_seed(1), store_hidden=True)
+    return net, vn, buf, upd
+
+
+@pytest.mark.parametrize("chunk_length", [1, 3, 7])
+def test_chunks_replay_the_rollout_from_stored_recurrent_states(chunk_length: int) -> None:
+    """Each chunk resumes the LSTM from the state stored at collection: the replayed
+    log-probs and values equal the collected ones (ratio 1 before any gradient step)."""
+    from esper.training.ppo import _Chunks
+
+    net, vn, buf, _upd = _random_context_rollout(7, chunk_length)
+    ch = _Chunks(buf, chunk_length, buf.advantages, buf.returns)
+    idx = torch.arange(ch.n_chunks)
+    with torch.no_grad():
+        out = net.evaluate_actions(
+            ch.obs, ch.blueprint_ids, ch.masks_at(idx), ch.actions, ch.hidden0
+        )
+    valid = ch.valid
+    torch.testing.assert_close(out.log_probs[valid], ch.old_log_probs[valid], atol=1e-5, rtol=0)
+    stored = vn.normalize(buf.values)
+    pad = (-7) % chunk_length
+    stored = torch.cat([stored, stored.new_zeros(6, pad)], dim=1).reshape(ch.n_chunks, -1)
+    torch.testing.assert_close(out.values[valid], stored[valid], atol=1e-5, rtol=0)
+
+
+def test_update_takes_one_step_per_minibatch_per_epoch() -> None:
+    *_, buf, upd = _random_context_rollout(8, 4, minibatches=3, update_epochs=5, target_kl=None)
+    m = upd.update(buf, round_index=0, total_rounds=1)
+    assert m.epochs_run == 5 and m.minibatches == 15 and not m.skipped
+
+
+def test_value_scale_change_keeps_raw_predictions() -> None:
+    """PopArt-style: after the return scale moves, V in raw units is unchanged."""
+    net, vn, buf, upd = _random_context_rollout(8, 4)
+    buf.returns.mul_(50.0)  # a return scale far from the normaliser's start
+    obs, bp = buf.obs[:, 0], buf.blueprint_ids[:, 0]
+    hidden = net.initial_hidden(6, "cpu")
+    before = vn.denormalize(net.predict_value(obs, bp, hidden))
+    upd._value_targets(buf)
+    assert float(vn.scale) > 10.0
+    after = vn.denormalize(net.predict_value(obs, bp, hidden))
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+
+
+def test_learning_rate_schedule_anneals_to_the_final_fraction() -> None:
+    *_, upd = _setup(lr=1e-3, lr_anneal_rounds=4, lr_final_fraction=0.25)
+    assert [upd.learning_rate(r) for r in (0, 2, 4, 9)] == pytest.approx(
+        [1e-3, 0.625e-3, 0.25e-3, 0.25e-3]
+    )
+    *_, buf, upd2 = _random_context_rollout(8, 4, lr=1e-3, lr_anneal_rounds=4)
+    assert upd2.update(buf, round_index=2, total_rounds=4).lr == pytest.approx(0.55e-3)

@@ -226,3 +226,20 @@ def test_sparse_family_pays_only_at_the_end() -> None:
     assert compute_reward(mid, cfg, gamma=GAMMA).total == 0.0
     end = compute_reward(_inputs(is_terminal=True, val_acc=70.0), cfg, gamma=GAMMA)
     assert end.total == end.terminal == pytest.approx(0.05 * 0.7)
+
+
+@pytest.mark.parametrize("potentials", [[0, 1, 2, 3, 4, 5], [0, 1, 0, 2, 3, 3], [0, 5, 5, 5, 5, 5]])
+def test_episode_shaping_telescopes_to_zero_whatever_the_end_state(potentials: list[int]) -> None:
+    """phi(absorbing end) = 0: with gamma 1 an episode's stage shaping sums to exactly 0,
+    so ending with seeds parked in late stages cannot be farmed."""
+    cfg = RewardConfig()
+    total = 0.0
+    for t in range(1, len(potentials)):
+        inp = _inputs(
+            potential_prev=float(potentials[t - 1]),
+            potential_now=float(potentials[t]),
+            is_terminal=t == len(potentials) - 1,
+            final_acc=70.0,
+        )
+        total += compute_reward(inp, cfg, gamma=1.0).stage_shaping
+    assert total == pytest.approx(0.0, abs=1e-12)

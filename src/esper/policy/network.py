@@ -266,6 +266,16 @@ class FactoredActorCritic(nn.Module):
         return EvalOutput(log_probs.view(n, t, -1), entropy.view(n, t, -1), values)
 
     @torch.no_grad()
+    def rescale_value_output(self, factor: Tensor) -> None:
+        """Multiply the value output by ``factor`` (the value normaliser's old/new scale),
+        so raw-scale predictions survive a change of the target scale (PopArt)."""
+        out = self.value_head[-1]
+        assert isinstance(out, nn.Linear)
+        f = factor.to(out.weight.device, out.weight.dtype)
+        out.weight.mul_(f)
+        out.bias.mul_(f)
+
+    @torch.no_grad()
     def predict_value(self, obs: Tensor, blueprint_ids: Tensor, hidden: Hidden) -> Tensor:
         """V(s) [N] without sampling (for bootstrapping the truncated last step)."""
         values: Tensor = self(obs.unsqueeze(1), blueprint_ids.unsqueeze(1), hidden)[2]

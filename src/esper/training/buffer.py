@@ -77,6 +77,13 @@ class RolloutBuffer:
             torch.zeros(1, n, lstm_hidden, device=dev),
             torch.zeros(1, n, lstm_hidden, device=dev),
         )
+        # Recurrent state *after* each step's decision: a minibatch chunk starting at
+        # step s > 0 resumes from hidden_after[:, s - 1] (stored-state recurrent PPO).
+        self.hidden_after: Hidden = (
+            torch.zeros(n, t, lstm_hidden, device=dev),
+            torch.zeros(n, t, lstm_hidden, device=dev),
+        )
+        self._hidden_written = [False] * t
         self.steps_written = 0
         self._written = [False] * t  # host-side: checking it never syncs the device
         self.advantages_ready = False
@@ -95,6 +102,7 @@ class RolloutBuffer:
         for values in (self.penalties, self.penalties_raw, self.bootstrap_values):
             values.zero_()
         self._written = [False] * self.horizon
+        self._hidden_written = [False] * self.horizon
         self.steps_written = 0
         self.advantages_ready = False
 
@@ -111,9 +119,18 @@ class RolloutBuffer:
         rewards_normalized: Tensor,
         rewards_raw: Tensor,
         dones: Tensor,
+        hidden: Hidden | None = None,
     ) -> None:
-        """Write one step for all envs (tensors [N, ...]; ``values`` raw-scale)."""
+        """Write one step for all envs (tensors [N, ...]; ``values`` raw-scale).
+
+        ``hidden`` is the policy's recurrent state after this decision ([1, N, H] each);
+        without it the update can only replay whole env rows from ``hidden0``.
+        """
         self._check_step(step)
+        if hidden is not None:
+            self.hidden_after[0][:, step] = hidden[0][0]
+            self.hidden_after[1][:, step] = hidden[1][0]
+        self._hidden_written[step] = hidden is not None
         self.obs[:, step] = obs
         self.blueprint_ids[:, step] = blueprint_ids
         for name, store in self.masks.items():
@@ -188,6 +205,24 @@ class RolloutBuffer:
     def full(self) -> bool:
         return self.steps_written == self.horizon
 
+    @property
+    def hidden_stored(self) -> bool:
+        """Every step's post-decision recurrent state was written (chunks can start anywhere)."""
+        return all(self._hidden_written)
+
+    def chunk_start_hidden(self, chunk_length: int) -> Hidden:
+        """[1, N * K, H] states that start each chunk of ``chunk_length`` steps (env-major).
+
+        Chunk k of env n starts at step k * L: ``hidden0`` for k == 0, else the stored
+        state after step k * L - 1.
+        """
+        starts = list(range(0, self.horizon, chunk_length))
+        parts = []
+        for store, first in zip(self.hidden_after, self.hidden0, strict=True):
+            rows = [first[0][:, None]] + [store[:, s - 1 : s] for s in starts[1:]]
+            parts.append(torch.cat(rows, dim=1).reshape(1, -1, self.lstm_hidden))
+        return parts[0], parts[1]
+
     def learning_rewards(self) -> Tensor:
         """What GAE discounts: normalised rewards plus rollback penalties."""
         return self.rewards_normalized + self.penalties
@@ -202,19 +237,26 @@ class RolloutBuffer:
 
     def compute_returns_and_advantages(
         self,
-        last_values: Tensor,
+        last_values: Tensor | None = None,
         *,
         gamma: float,
         gae_lambda: float,
     ) -> None:
         """GAE(lambda) per env row, on raw-scale values.
 
-        The last step bootstraps from ``last_values`` = V(s_T) (the episode end is a
-        truncation); a mid-episode truncation bootstraps from its stored value and stops
-        the advantage recursion; a done or a rollback segment end bootstraps nothing.
+        A done (the trainer marks every episode's last step done: the episode is a true
+        terminal, see docs/training.md) or a rollback segment end bootstraps nothing. A row
+        whose last step is *not* done was cut by a time limit and bootstraps from
+        ``last_values`` = V(s_T) (required then); a mid-episode truncation bootstraps
+        from its stored value and stops the advantage recursion.
         """
         if not self.full:
             raise RuntimeError(f"rollout incomplete: {self.steps_written}/{self.horizon} steps")
+        if last_values is None:
+            last_values = torch.zeros(self.n_envs, device=self.device)
+            open_end = ~(self.dones[:, -1] | self.segment_end[:, -1])
+            if bool(open_end.any()):
+                raise ValueError("rows end without a done: pass last_values to bootstrap them")
         rewards = self.learning_rewards()
         terminal = self.dones | self.segment_end
         cut = self.truncated & ~terminal

@@ -18,7 +18,6 @@ from esper.core.enums import AmpMode, PolicyKind
 from esper.core.records import PPOMetrics
 from esper.policy.actions import ActionSpace
 from esper.policy.features import obs_dim
-from esper.policy.network import FactoredActorCritic
 from esper.policy.protocol import Policy, PolicyInput, PolicyStep
 from esper.training.buffer import RolloutBuffer
 from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
@@ -64,7 +63,9 @@ class Learner:
                 lstm_hidden=cfg.policy.lstm_hidden,
                 device=self.device,
             )
-            self.updater = PPOUpdater(policy, cfg.ppo, value_normalizer=self.value_norm)
+            self.updater = PPOUpdater(
+                policy, cfg.ppo, value_normalizer=self.value_norm, seed=cfg.run.seed
+            )
 
     # ------------------------------------------------------------------ rollout
     def begin_round(self, n_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +88,13 @@ class Learner:
     def record_step(
         self, step: int, d: Decision, raw_rewards: list[float], *, terminal: bool
     ) -> list[float]:
-        """Normalise the step's rewards and write the transition for all envs at once."""
+        """Normalise the step's rewards and write the transition for all envs at once.
+
+        ``terminal`` (the episode's last step) is a true terminal: the host is discarded
+        after it, its final accuracy is paid by the reward's terminal term, and the
+        observation carries the remaining budget (``epoch_frac``), so nothing is
+        bootstrapped past it (docs/training.md, "Episode end").
+        """
         raw = torch.tensor(raw_rewards, dtype=torch.float32)
         dones = torch.full((len(raw_rewards),), terminal, dtype=torch.bool)
         normalized = raw
@@ -106,20 +113,9 @@ class Learner:
                 rewards_normalized=normalized.to(self.device),
                 rewards_raw=raw.to(self.device),
                 dones=dones.to(self.device),
+                hidden=d.hidden,
             )
         return normalized.tolist()
-
-    @torch.no_grad()
-    def bootstrap_values(
-        self,
-        obs: torch.Tensor,
-        blueprint_ids: torch.Tensor,
-        hidden: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        """V(s_T+1) of the post-episode state (normalised scale), for the truncation."""
-        if not isinstance(self.policy, FactoredActorCritic):
-            return torch.zeros(obs.shape[0], device=self.device)
-        return self.policy.predict_value(self.obs_norm.normalize(obs), blueprint_ids, hidden)
 
     def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
         """Env's segment ends at the decision that led into the failed epoch, which
@@ -134,16 +130,13 @@ class Learner:
             penalty_normalized=self.reward_norm.normalize_scalar(penalty),
         )
 
-    def end_round(
-        self, last_values: torch.Tensor, *, rnd: int, inject_nan: bool = False
-    ) -> PPOMetrics | None:
-        """Bootstrap, GAE, PPO update; then the once-per-round observation-stat update."""
+    def end_round(self, *, rnd: int, inject_nan: bool = False) -> PPOMetrics | None:
+        """GAE (the last step is terminal: no bootstrap), PPO update; then the
+        once-per-round observation-stat update."""
         metrics = None
         if self.buffer is not None and self.updater is not None:
             self.buffer.compute_returns_and_advantages(
-                self.value_norm.denormalize(last_values),
-                gamma=self.cfg.ppo.gamma,
-                gae_lambda=self.cfg.ppo.gae_lambda,
+                gamma=self.cfg.ppo.gamma, gae_lambda=self.cfg.ppo.gae_lambda
             )
             hook = (lambda loss: loss * math.nan) if inject_nan else None
             metrics = self.updater.update(
@@ -155,6 +148,12 @@ class Learner:
             self.obs_norm.freeze()
             self._round_obs.clear()
         return metrics
+
+    def learning_rate(self, rnd: int) -> float:
+        """The policy learning rate of round ``rnd`` (``ppo.lr`` and its schedule)."""
+        if self.updater is None:
+            return self.cfg.ppo.lr
+        return self.updater.learning_rate(rnd)
 
     def entropy_coef(self, rnd: int) -> float:
         if self.updater is None:

@@ -1,14 +1,22 @@
-"""Recurrent PPO update over one whole [n_envs, T] rollout.
+"""Recurrent PPO update over one round's [n_envs, T] rollout, in minibatches of chunks.
 
-The rollout is a single batch: every epoch re-scores all stored actions by a full LSTM
-unroll from each env's stored initial hidden state. The loss clips each action head's
-ratio separately and counts a head only where the chosen op uses it (causal masking),
-so a head that did not influence the action never receives gradient or entropy bonus.
+Each env row is cut into chunks of ``ppo.chunk_length`` steps; a chunk replays the LSTM
+from the recurrent state stored when it was collected (``hidden0`` for the first chunk,
+the buffer's post-decision state otherwise), so chunks shuffle freely across envs. Each
+of ``ppo.update_epochs`` epochs visits the chunks in ``ppo.minibatches`` shuffled
+minibatches (a seeded permutation: CPU runs stay bit-identical), with the advantages
+normalised per minibatch. The loss clips each action head's ratio separately and counts
+a head only where the chosen op uses it (causal masking), so a head that did not
+influence the action never receives gradient or entropy bonus.
+
+Value targets are the returns divided by a running scale; when the scale moves, the
+value head's output layer is rescaled by old/new scale (PopArt-style preservation), so
+the critic's raw-scale predictions do not jump with the statistics.
 
 The update is atomic: parameters, optimizer state and the value normaliser are
-restored if any epoch produces a non-finite loss or gradient, and the metrics say so.
-Everything is computed on the device with one small transfer per epoch (loss, KL and
-gradient norm, needed for the finiteness gate and the KL early stop) plus one at the end.
+restored if any minibatch produces a non-finite loss or gradient, and the metrics say
+so. One small transfer per minibatch (loss, KL and gradient norm, for the finiteness
+gate and the KL early stop) plus one at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ ADAM_EPS = 1e-5
 ADVANTAGE_EPS = 1e-8
 #: Value loss is 0.5 * squared error (so its gradient is the plain error).
 VALUE_LOSS_SCALE = 0.5
+#: The minibatch permutation stream is seeded with seed * stride + round (no state to
+#: checkpoint: a resumed run shuffles exactly like an uninterrupted one).
+MINIBATCH_SEED_STRIDE = 1_000_003
 
 
 class RecurrentActorCritic(Protocol):
@@ -69,23 +80,68 @@ def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     return (x * m).sum(dim=dims) / count.masked_fill(count == 0, math.nan)
 
 
-class _Epoch:
-    """Loss and diagnostics of one forward pass over the rollout."""
+class _Chunks:
+    """The rollout as [C, L, ...] chunks (env-major), padded at the end of each row."""
+
+    def __init__(self, buf: RolloutBuffer, length: int, advantages: Tensor, targets: Tensor):
+        n, t = buf.n_envs, buf.horizon
+        self.length = length
+        self.n_chunks = n * math.ceil(t / length)
+        pad = (-t) % length
+
+        def cut(x: Tensor) -> Tensor:
+            if pad:
+                x = torch.cat([x, x.new_zeros((n, pad, *x.shape[2:]))], dim=1)
+            return x.reshape(self.n_chunks, length, *x.shape[2:])
+
+        self.valid = cut(torch.ones(n, t, dtype=torch.bool, device=buf.device))
+        self.obs, self.blueprint_ids = cut(buf.obs), cut(buf.blueprint_ids)
+        self.actions, self.old_log_probs = cut(buf.actions), cut(buf.log_probs)
+        self.advantages, self.targets = cut(advantages), cut(targets)
+        self.masks = {name: cut(m) for name, m in buf.masks.items()}
+        if pad:  # padded steps: op 0 valid so no head is fully masked
+            self.masks["op"][~self.valid, 0] = True
+        if length == t:
+            self.hidden0: Hidden = buf.hidden0
+        else:
+            self.hidden0 = buf.chunk_start_hidden(length)
+
+    def masks_at(self, idx: Tensor) -> ActionMasks:
+        return ActionMasks(**{name: m[idx] for name, m in self.masks.items()})
+
+
+class _Step:
+    """Loss and diagnostics of one minibatch."""
 
     def __init__(self, loss: Tensor, kl: Tensor, stats: dict[str, Tensor]) -> None:
         self.loss, self.kl, self.stats = loss, kl, stats
+
+
+def _normalised(adv: Tensor, valid: Tensor) -> Tensor:
+    """Advantages standardised over the minibatch's valid steps."""
+    m = valid.to(adv.dtype)
+    count = m.sum().clamp(min=1.0)
+    mean = (adv * m).sum() / count
+    var = ((adv - mean).square() * m).sum() / count
+    return (adv - mean) / (var.sqrt() + ADVANTAGE_EPS)
 
 
 class PPOUpdater:
     """Owns the Adam optimizer; ``update`` runs one PPO update on a filled buffer."""
 
     def __init__(
-        self, policy: nn.Module, cfg: PPOConfig, *, value_normalizer: ValueNormalizer
+        self,
+        policy: nn.Module,
+        cfg: PPOConfig,
+        *,
+        value_normalizer: ValueNormalizer,
+        seed: int = 0,
     ) -> None:
         if not hasattr(policy, "evaluate_actions"):
             raise TypeError("PPOUpdater needs a policy with evaluate_actions()")
         self.policy = policy
         self.cfg = cfg
+        self.seed = seed
         self.value_normalizer = value_normalizer
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=ADAM_EPS)
         self._relevance: Tensor | None = None
@@ -105,6 +161,14 @@ class PPOUpdater:
         frac = min(max(round_index, 0) / rounds, 1.0)
         return max(start + (floor - start) * frac, floor)
 
+    def learning_rate(self, round_index: int) -> float:
+        """Linear anneal from ``lr`` to ``lr * lr_final_fraction`` over ``lr_anneal_rounds``."""
+        rounds = self.cfg.lr_anneal_rounds
+        if rounds == 0:
+            return self.cfg.lr
+        frac = min(max(round_index, 0) / rounds, 1.0)
+        return self.cfg.lr * (1.0 - (1.0 - self.cfg.lr_final_fraction) * frac)
+
     # --- Update ----------------------------------------------------------------------
 
     def _relevant(self, actions: Tensor) -> Tensor:
@@ -112,32 +176,39 @@ class PPOUpdater:
             self._relevance = relevance_table(actions.device)
         return self._relevance[actions[..., 0]]
 
-    def _forward(
+    def _minibatch(
         self,
-        buf: RolloutBuffer,
-        masks: ActionMasks,
-        relevant: Tensor,
-        advantages: Tensor,
-        targets: Tensor,
+        ch: _Chunks,
+        idx: Tensor,
         entropy_coef: float,
         loss_hook: Callable[[Tensor], Tensor] | None,
-    ) -> _Epoch:
+    ) -> _Step:
         net: RecurrentActorCritic = self.policy  # type: ignore[assignment]
-        out = net.evaluate_actions(buf.obs, buf.blueprint_ids, masks, buf.actions, buf.hidden0)
+        hidden = (ch.hidden0[0][:, idx], ch.hidden0[1][:, idx])
+        actions, valid = ch.actions[idx], ch.valid[idx]
+        out = net.evaluate_actions(
+            ch.obs[idx], ch.blueprint_ids[idx], ch.masks_at(idx), actions, hidden
+        )
+        relevant = self._relevant(actions) & valid.unsqueeze(-1)
         rel = relevant.to(out.log_probs.dtype)
-        log_ratio = (out.log_probs - buf.log_probs) * rel  # irrelevant heads: exactly 0
+        log_ratio = (out.log_probs - ch.old_log_probs[idx]) * rel  # irrelevant heads: 0
         ratio = log_ratio.exp()
-        adv = advantages.unsqueeze(-1)
+        adv = ch.advantages[idx]
+        if self.cfg.normalize_advantages:
+            adv = _normalised(adv, valid)
+        adv = adv.unsqueeze(-1)
         clipped = ratio.clamp(1.0 - self.cfg.clip, 1.0 + self.cfg.clip)
         per_head = -torch.minimum(ratio * adv, clipped * adv) * rel
-        policy_loss = per_head.sum(dim=-1).mean()
-        entropy_bonus = (out.entropy * rel).sum(dim=-1).mean()
-        value_loss = VALUE_LOSS_SCALE * (out.values - targets).square().mean()
+        n_valid = valid.sum().clamp(min=1).to(rel.dtype)
+        policy_loss = per_head.sum() / n_valid
+        entropy_bonus = (out.entropy * rel).sum() / n_valid
+        sq_err = (out.values - ch.targets[idx]).square() * valid.to(rel.dtype)
+        value_loss = VALUE_LOSS_SCALE * sq_err.sum() / n_valid
         loss = policy_loss + self.cfg.value_coef * value_loss - entropy_coef * entropy_bonus
         if loss_hook is not None:
             loss = loss_hook(loss)
         joint = log_ratio.sum(dim=-1).detach()
-        kl = (joint.exp() - 1.0 - joint).mean()  # k3 estimator: unbiased, >= 0
+        kl = _masked_mean(joint.exp() - 1.0 - joint, valid, (0, 1))  # k3: unbiased, >= 0
         clip_hit = ((ratio.detach() - 1.0).abs() > self.cfg.clip).to(rel.dtype)
         ent = out.entropy.detach()
         stats = {
@@ -147,9 +218,9 @@ class PPOUpdater:
             "entropy_heads": _masked_mean(ent, relevant, (0, 1)),
             "clip_frac": _masked_mean(clip_hit, relevant, (0, 1, 2)),
             "clip_heads": _masked_mean(clip_hit, relevant, (0, 1)),
-            "ratio_max": joint.exp().max(),
+            "ratio_max": joint.masked_fill(~valid, 0.0).exp().max(),
         }
-        return _Epoch(loss, kl, stats)
+        return _Step(loss, kl, stats)
 
     def _inputs_finite(self, buf: RolloutBuffer) -> bool:
         checks = torch.stack(
@@ -173,6 +244,20 @@ class PPOUpdater:
         self.value_normalizer.load_state_dict(snap["value_norm"])
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _value_targets(self, buf: RolloutBuffer) -> Tensor:
+        """Update the return scale, keep the critic's raw predictions where they were."""
+        old_scale = self.value_normalizer.scale.clone()
+        self.value_normalizer.update(buf.returns)
+        rescale = getattr(self.policy, "rescale_value_output", None)
+        if rescale is not None:
+            rescale(old_scale / self.value_normalizer.scale)
+        return self.value_normalizer.normalize(buf.returns)
+
+    def _chunk_length(self, buf: RolloutBuffer) -> int:
+        if not buf.hidden_stored or self.cfg.chunk_length == 0:
+            return buf.horizon  # whole env rows from hidden0
+        return min(self.cfg.chunk_length, buf.horizon)
+
     def update(
         self,
         buffer: RolloutBuffer,
@@ -189,43 +274,51 @@ class PPOUpdater:
         if not buffer.advantages_ready:
             raise RuntimeError("compute_returns_and_advantages() must run before update()")
         coef = self.entropy_coef(round_index, total_rounds)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(round_index)
         base = self._base_stats(buffer)
         n_trans = buffer.n_envs * buffer.horizon
         if not self._inputs_finite(buffer):
-            return self._metrics(base, None, coef, 0, False, "non-finite rollout data", n_trans)
+            return self._metrics(base, [], coef, 0, 0, False, "non-finite rollout data", n_trans)
         snap = self._snapshot()
         self.policy.train()
-        relevant = self._relevant(buffer.actions)
-        advantages = buffer.advantages
-        if self.cfg.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (
-                advantages.std(correction=0) + ADVANTAGE_EPS
-            )
-        self.value_normalizer.update(buffer.returns)
-        targets = self.value_normalizer.normalize(buffer.returns)
-        masks = buffer.stacked_masks()
-        steps, early, skip_reason, last = 0, False, "", None
+        chunks = _Chunks(
+            buffer, self._chunk_length(buffer), buffer.advantages, self._value_targets(buffer)
+        )
+        gen = torch.Generator().manual_seed(self.seed * MINIBATCH_SEED_STRIDE + round_index)
+        n_mb = min(self.cfg.minibatches, chunks.n_chunks)
+        epochs, steps, early, skip_reason = 0, 0, False, ""
+        epoch_steps: list[_Step] = []
         for epoch in range(self.cfg.update_epochs):
-            ep = self._forward(buffer, masks, relevant, advantages, targets, coef, loss_hook)
-            self.optimizer.zero_grad(set_to_none=True)
-            torch.autograd.backward(ep.loss)
-            grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-            loss_v, kl_v, gn_v = torch.stack([ep.loss.detach(), ep.kl, grad_norm]).tolist()
-            ep.stats["grad_norm"] = grad_norm.detach()
-            last = ep
-            if not (math.isfinite(loss_v) and math.isfinite(gn_v)):
-                what = "loss" if not math.isfinite(loss_v) else "gradient"
-                skip_reason = f"non-finite {what} at epoch {epoch}"
+            order = torch.randperm(chunks.n_chunks, generator=gen).to(buffer.device)
+            epoch_steps = []
+            for idx in order.tensor_split(n_mb):
+                st = self._minibatch(chunks, idx, coef, loss_hook)
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.autograd.backward(st.loss)
+                params = self.policy.parameters()
+                grad_norm = nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+                loss_v, kl_v, gn_v = torch.stack([st.loss.detach(), st.kl, grad_norm]).tolist()
+                st.stats["grad_norm"] = grad_norm.detach()
+                epoch_steps.append(st)
+                if not (math.isfinite(loss_v) and math.isfinite(gn_v)):
+                    what = "loss" if not math.isfinite(loss_v) else "gradient"
+                    skip_reason = f"non-finite {what} at epoch {epoch}"
+                    break
+                if self.cfg.target_kl is not None and epoch > 0 and kl_v > self.cfg.target_kl:
+                    early = True  # this minibatch's gradient is discarded
+                    break
+                self.optimizer.step()
+                steps += 1
+            if skip_reason:
                 self._restore(snap)
-                steps = 0
+                steps, epochs = 0, 0
                 break
-            if self.cfg.target_kl is not None and epoch > 0 and kl_v > self.cfg.target_kl:
-                early = True  # this epoch's gradient is discarded
+            if early:
                 break
-            self.optimizer.step()
-            steps += 1
+            epochs += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return self._metrics(base, last, coef, steps, early, skip_reason, n_trans)
+        return self._metrics(base, epoch_steps, coef, epochs, steps, early, skip_reason, n_trans)
 
     def _base_stats(self, buf: RolloutBuffer) -> Tensor:
         """Explained variance (raw scale, pre-update), value and return means."""
@@ -237,33 +330,33 @@ class PPOUpdater:
     def _metrics(
         self,
         base: Tensor,
-        ep: _Epoch | None,
+        steps_: list[_Step],
         coef: float,
+        epochs: int,
         steps: int,
         early: bool,
         skip_reason: str,
         n_transitions: int,
     ) -> PPOMetrics:
+        """Diagnostics averaged over the last epoch's minibatches (NaN-aware), plus EV."""
         n_heads = len(HEAD_NAMES)
         nan = torch.full((), math.nan, device=base.device)
-        if ep is None:
+        if not steps_:
             scalars = [nan] * 7
             heads = torch.full((2 * n_heads,), math.nan, device=base.device)
         else:
-            s = ep.stats
-            scalars = [
-                s["policy_loss"],
-                s["value_loss"],
-                s["entropy"],
-                s["clip_frac"],
-                ep.kl,
-                s["grad_norm"],
-                s["ratio_max"],
-            ]
-            heads = torch.cat([s["entropy_heads"], s["clip_heads"]])
+
+            def avg(key: str) -> Tensor:
+                return torch.stack([st.stats[key].float() for st in steps_]).nanmean(dim=0)
+
+            kl = torch.stack([st.kl.float() for st in steps_]).nanmean()
+            names = ("policy_loss", "value_loss", "entropy", "clip_frac")
+            scalars = [*(avg(k) for k in names), kl, avg("grad_norm")]
+            scalars.append(torch.stack([st.stats["ratio_max"] for st in steps_]).max())
+            heads = torch.cat([avg("entropy_heads"), avg("clip_heads")])
         packed = torch.cat([torch.stack([t.float() for t in scalars]), heads.float(), base.float()])
         vals = packed.tolist()  # the update's final device-to-host transfer
-        pl, vl, ent, cf, kl, gn, rmax = vals[:7]
+        pl, vl, ent, cf, kl_v, gn, rmax = vals[:7]
         ent_h, clip_h = vals[7 : 7 + n_heads], vals[7 + n_heads : 7 + 2 * n_heads]
         ev, v_mean, r_mean = vals[7 + 2 * n_heads :]
         per_head = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
@@ -273,12 +366,12 @@ class PPOUpdater:
             value_loss=vl,
             entropy=ent,
             clip_frac=cf,
-            approx_kl=kl,
+            approx_kl=kl_v,
             explained_variance=ev,
             grad_norm=gn,
             lr=float(self.optimizer.param_groups[0]["lr"]),
             entropy_coef=coef,
-            epochs_run=steps,
+            epochs_run=epochs,
             minibatches=steps,
             early_stopped=early,
             skipped=bool(skip_reason),

@@ -174,8 +174,14 @@ def attribution(inp: RewardInputs, *, anti_gaming: bool) -> float:
 
 
 def stage_shaping(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> float:
-    """Potential-based shaping F = w (gamma phi(s') - phi(s)): policy-invariant."""
-    return cfg.stage_shaping_weight * (gamma * inp.potential_now - inp.potential_prev)
+    """Potential-based shaping F = w (gamma phi(s') - phi(s)): policy-invariant.
+
+    The state after the last step is absorbing, so its potential is 0 (Ng et al.): an
+    episode's shaping telescopes to -w phi(s_0) = 0 (up to gamma), so ending with seeds
+    in late stages earns nothing and the shaping cannot be farmed.
+    """
+    phi_next = 0.0 if inp.is_terminal else inp.potential_now
+    return cfg.stage_shaping_weight * (gamma * phi_next - inp.potential_prev)
 
 
 def rent(inp: RewardInputs, cfg: RewardConfig) -> float:
