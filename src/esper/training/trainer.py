@@ -9,7 +9,7 @@ training epoch followed by one policy decision per env:
     3. governor, slot ticks, signals              -> _after_epoch
     4. features + masks, ONE batched policy forward, ONE transfer -> _decide
     5. per env: execute, reward, buffer           -> _act
-    end of round: bootstrap, GAE, PPO update, episode events -> _finish_round
+    end of round: GAE (last step terminal), PPO update, episode events -> _finish_round
 
 Collaborators (hub, task data, policy) are injected; see :mod:`esper.training.run`.
 """
@@ -427,13 +427,9 @@ class VectorizedTrainer:
         times: PhaseTimes,
         t_start: float,
     ) -> RoundSummary:
-        """End of round: bootstrap, GAE, PPO update, episode and round events."""
+        """End of round: GAE, PPO update, episode and round events."""
         t0 = time.perf_counter()
-        obs, bp_ids = self._features(envs, self.horizon)
-        last_values = self.learner.bootstrap_values(obs, bp_ids, hidden)
-        metrics = self.learner.end_round(
-            last_values, rnd=rnd, inject_nan=self.faults.policy_nan(rnd)
-        )
+        metrics = self.learner.end_round(rnd=rnd, inject_nan=self.faults.policy_nan(rnd))
         times.ppo_ms += (time.perf_counter() - t0) * 1e3
         if metrics is not None:
             emitters.emit_ppo(self.hub, metrics, rnd=rnd)
@@ -560,7 +556,7 @@ class VectorizedTrainer:
             n_envs=self.n_envs,
             episode_length=self.horizon,
             entropy_coef=self.learner.entropy_coef(rnd),
-            lr=self.cfg.ppo.lr,
+            lr=self.learner.learning_rate(rnd),
         )
 
     @staticmethod
