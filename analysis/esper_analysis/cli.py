@@ -19,6 +19,7 @@ from typing import Any, Final, TextIO
 from rich.console import Console
 
 from esper.errors import UserError
+from esper_analysis import compare
 from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
 from esper_analysis.counts import event_counts
@@ -80,6 +81,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     _common(report)
     report.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file")
     report.add_argument("--baseline", metavar="FILE", help="also show the baseline status")
+    report.add_argument(
+        "--compare", nargs="+", default=[], metavar="RUN", help="overlay these runs' curves"
+    )
+    compare.add_parser(sub)
     return parser
 
 
@@ -124,7 +129,14 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
     from esper_analysis.report import write_report
 
     baseline = read_baseline(args.baseline) if args.baseline else None
-    path = write_report(run, args.output, baseline=baseline, baseline_source=args.baseline or "")
+    others = [load_run(p) for p in args.compare]
+    path = write_report(
+        run,
+        args.output,
+        baseline=baseline,
+        baseline_source=args.baseline or "",
+        compare_with=others,
+    )
     if args.json:
         out.write(json.dumps({"report": str(path), "run": jsonable(_run_info(run))}) + "\n")
     else:
@@ -133,6 +145,8 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command == "compare":  # several runs: its own module
+        return compare.run_compare(args, out, err)
     run = load_run(args.run)
     with corrupt_data_errors(run):  # a scan that hits bad data pages names the file
         if run.recovery is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -16,6 +17,7 @@ import polars as pl
 from esper.core.records import REWARD_COMPONENTS
 from esper_analysis.actions import Actions, action_distribution
 from esper_analysis.baseline import BaselineCheck, check_baseline
+from esper_analysis.compare import compare_section
 from esper_analysis.counts import Counts, event_counts
 from esper_analysis.lifecycles import TIMELINE_STAGES, Lifecycles, seed_lifecycles
 from esper_analysis.loader import Run
@@ -280,8 +282,19 @@ def _section(title: str, body: str, *, plots: bool = False) -> str:
     return f"<section><h2>{html.escape(title)}</h2><div class='{klass}'>{body}</div></section>"
 
 
+def _compare(run: Run, others: Sequence[Run]) -> str:
+    """Curves of this run and ``others`` overlaid, paired differences (esper_analysis.compare)."""
+    if not others:
+        return ""
+    return _section("Compared runs", compare_section([run, *others]), plots=True)
+
+
 def build_report(
-    run: Run, *, baseline: dict[str, Any] | None = None, baseline_source: str = ""
+    run: Run,
+    *,
+    baseline: dict[str, Any] | None = None,
+    baseline_source: str = "",
+    compare_with: Sequence[Run] = (),
 ) -> str:
     """The report's HTML text (every analysis of the run, plus the baseline check)."""
     counts = event_counts(run)
@@ -293,6 +306,7 @@ def build_report(
     body = [
         _header(run, counts, tp),
         _section("Learning curve", _learning_curve(run), plots=True),
+        _compare(run, compare_with),
         _section("Reward components over time", _reward_components(rewards), plots=True),
         _section("Seed lifecycles", _timeline(run, lc), plots=True),
         _section("Per-blueprint outcomes", html_table(lc.by_blueprint)),
@@ -319,11 +333,14 @@ def write_report(
     *,
     baseline: dict[str, Any] | None = None,
     baseline_source: str = "",
+    compare_with: Sequence[Run] = (),
 ) -> Path:
     """Write the report atomically; returns its path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = build_report(run, baseline=baseline, baseline_source=baseline_source)
+    text = build_report(
+        run, baseline=baseline, baseline_source=baseline_source, compare_with=compare_with
+    )
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, target)
