@@ -1,6 +1,7 @@
 """Command line of the analysis layer: ``esper analyze ...`` / ``python -m esper_analysis``.
 
-Every command takes a run directory. Output is rich tables for people, or JSON with
+Every command takes a run directory (``counts`` also a directory of runs, one column
+per run; ``compare`` several runs). Output is rich tables for people, or JSON with
 ``--json``. Exit codes: 0 success, 1 drift (``baseline check``), 2 usage error (bad
 arguments, missing run directory or baseline, corrupt file, newer schema), printed as
 one ``error: ...`` line without a traceback. Warnings (a crashed run, skipped files)
@@ -14,23 +15,27 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final, TextIO
 
+import polars as pl
 from rich.console import Console
 
 from esper.errors import UserError
 from esper_analysis import compare
 from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
-from esper_analysis.counts import event_counts
+from esper_analysis.counts import Counts, event_counts
+from esper_analysis.errors import AnalysisError
 from esper_analysis.integrity import corrupt_data_errors
 from esper_analysis.lifecycles import seed_lifecycles
-from esper_analysis.loader import Run, load_run
+from esper_analysis.loader import Run, is_run_dir, load_run, load_runs
 from esper_analysis.ppo import ppo_health
 from esper_analysis.result import AnalysisResult, jsonable
 from esper_analysis.rewards import reward_breakdown
 from esper_analysis.rollbacks import rollback_audit
-from esper_analysis.tables import DEFAULT_MAX_ROWS, print_result
+from esper_analysis.schema import known_event_types
+from esper_analysis.tables import DEFAULT_MAX_ROWS, max_rows_arg, print_result, rich_tables
 from esper_analysis.throughput import throughput
 
 EXIT_OK: Final = 0
@@ -39,7 +44,10 @@ EXIT_USAGE: Final = 2
 
 #: Analyses that only read a run and print a result.
 ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
-    "counts": (event_counts, "event counts by type, round, env and step"),
+    "counts": (
+        event_counts,
+        "event counts by type, round, env and step (given a directory of runs: per run)",
+    ),
     "rewards": (reward_breakdown, "reward breakdown per env, episode, op and component"),
     "rollbacks": (rollback_audit, "governor rollbacks, checked against buffer and episode"),
     "lifecycles": (seed_lifecycles, "seed lifecycles and per-blueprint outcomes"),
@@ -49,6 +57,12 @@ ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
 }
 #: Terminal width used when output is not a terminal (pipes, logs).
 PIPE_WIDTH: Final = 160
+#: Runs named in the error for a directory of runs given to a one-run analysis.
+MAX_NAMED_RUNS: Final = 5
+
+
+class UsageError(AnalysisError):
+    """A command line the analyses cannot act on (exit 2)."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -56,9 +70,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
         "--max-rows",
-        type=int,
+        type=max_rows_arg,
         default=DEFAULT_MAX_ROWS,
-        help=f"rows shown per table (default {DEFAULT_MAX_ROWS})",
+        help=f"rows shown per table, >= 1 (default {DEFAULT_MAX_ROWS})",
     )
 
 
@@ -101,7 +115,7 @@ def _emit(out: TextIO, run: Run, result: AnalysisResult, args: argparse.Namespac
         payload = {"run": _run_info(run), **result.to_json()}
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return
-    console = Console(file=out, width=None if out.isatty() else PIPE_WIDTH)
+    console = _console(out)
     console.print(f"[bold]run[/bold] {run.run_id} ({run.status.value}) — {run.path}")
     print_result(result, console, max_rows=args.max_rows)
 
@@ -144,9 +158,77 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _runs_under(path: Path) -> list[Path]:
+    """Run directories directly under ``path`` when it is not a run itself (else none)."""
+    if not path.is_dir() or is_run_dir(path):
+        return []
+    return [p for p in sorted(path.iterdir()) if p.is_dir() and is_run_dir(p)]
+
+
+def _counts_of_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``counts DIR_OF_RUNS``: one column of event counts per run (JSON: every run's counts)."""
+    runs = load_runs(args.run)
+    for run in runs:
+        if run.recovery is not None:
+            err.write(f"warning: {run.recovery.message}\n")
+    results = []
+    for run in runs:
+        with corrupt_data_errors(run):
+            results.append(event_counts(run))
+    if args.json:
+        payload = {
+            "runs": [
+                {"run": _run_info(r), **c.to_json()} for r, c in zip(runs, results, strict=True)
+            ]
+        }
+        out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
+    table = _per_run_table(runs, results)
+    console = _console(out)
+    console.print(f"[bold]{len(runs)} runs[/bold] under {args.run}")
+    for run in runs:
+        other_id = f" (run id {run.run_id})" if run.run_id != run.path.name else ""
+        console.print(f"  {run.path.name}{other_id}: {run.status.value}")
+    for part in rich_tables("Events per run", table, args.max_rows, width=console.width):
+        console.print()
+        console.print(part)
+    return EXIT_OK
+
+
+def _per_run_table(runs: Sequence[Run], results: Sequence[Counts]) -> pl.DataFrame:
+    """Rows: event types (then the total); columns: one per run, in directory order."""
+    types = [t for t in known_event_types() if any(c.of(t) for c in results)]
+    data: dict[str, list[Any]] = {"type": [*types, "total"]}
+    for run, counts in zip(runs, results, strict=True):
+        data[_unique_name(run.path.name, data)] = [*(counts.of(t) for t in types), counts.total]
+    return pl.DataFrame(data)
+
+
+def _unique_name(name: str, taken: dict[str, Any]) -> str:
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}#{n}"
+    return candidate
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, width=None if out.isatty() else PIPE_WIDTH)
+
+
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "compare":  # several runs: its own module
         return compare.run_compare(args, out, err)
+    several = _runs_under(Path(args.run))
+    if several and args.command == "counts":
+        return _counts_of_runs(args, out, err)
+    if several:
+        names = ", ".join(p.name for p in several[:MAX_NAMED_RUNS])
+        more = f" and {len(several) - MAX_NAMED_RUNS} more" if len(several) > MAX_NAMED_RUNS else ""
+        raise UsageError(
+            f"{args.run} holds {len(several)} runs ({names}{more}), not one run: pass one of "
+            f"them (e.g. {Path(args.run) / several[0].name}); 'counts' and 'compare' read several"
+        )
     run = load_run(args.run)
     with corrupt_data_errors(run):  # a scan that hits bad data pages names the file
         if run.recovery is not None:
