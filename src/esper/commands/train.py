@@ -6,7 +6,8 @@ import argparse
 from typing import Any, Final
 
 from esper.config import Config, ConfigError, load_config, with_overrides
-from esper.core.enums import PolicyKind, TelemetryLevel
+from esper.core.enums import AmpMode, PolicyKind, TelemetryLevel
+from esper.errors import UserError
 
 HELP = "train the seed policy with vectorized PPO (telemetry to Parquet)"
 #: Built-in defaults shown in ``--help``; a ``--config`` file replaces them, flags override both.
@@ -147,8 +148,9 @@ _OVERRIDES = {
 }
 
 
-def build_config(args: argparse.Namespace, kind: PolicyKind) -> Config:
-    cfg = load_config(args.config) if args.config else Config()
+def build_config(args: argparse.Namespace, kind: PolicyKind, base: Config | None = None) -> Config:
+    """Flags over ``--config`` (or over ``base``: a resumed checkpoint's own config)."""
+    cfg = base or (load_config(args.config) if args.config else Config())
     overrides: dict[str, Any] = {"policy.kind": kind.value}
     for attr, path in _OVERRIDES.items():
         value = getattr(args, attr, None)
@@ -174,7 +176,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
-    cfg = build_config(args, kind)
+    if args.continue_run and not args.resume:
+        raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
+    base = None
+    if args.resume and not args.config:  # the checkpoint's own config; flags override it
+        from esper.training.checkpoint import checkpoint_config  # imports torch
+
+        base = checkpoint_config(args.resume)
+    cfg = build_config(args, kind, base)
     _check_cheap_inputs(cfg, args)
     from esper.commands.train_ui import run_training  # imports torch
 
@@ -184,9 +193,18 @@ def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
 def _check_cheap_inputs(cfg: Config, args: argparse.Namespace) -> None:
     """Fail on a bad run id or fault spec before paying for the torch import."""
     from esper.telemetry.paths import validate_run_id
-    from esper.training.faults import parse_fault
+    from esper.training.faults import check_faults, parse_fault
 
     if cfg.run.run_id:
         validate_run_id(cfg.run.run_id)
-    for spec in args.inject_fault:
-        parse_fault(spec)
+    if cfg.run.amp != AmpMode.OFF and not _any_cuda(cfg):
+        raise UserError(
+            f"--amp {cfg.run.amp.value}: mixed precision needs a CUDA device, "
+            f"but the run is on {cfg.run.device} (use --amp off, or --device cuda)"
+        )
+    faults = [parse_fault(spec) for spec in args.inject_fault]
+    check_faults(faults, cfg.run)  # a resume re-checks against its first round
+
+
+def _any_cuda(cfg: Config) -> bool:
+    return any(d.startswith("cuda") for d in [cfg.run.device, *cfg.run.env_devices])
