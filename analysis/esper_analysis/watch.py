@@ -3,16 +3,16 @@
 The view is rebuilt from the manifest and the *closed* Parquet parts on every refresh
 (the writer renames a part into place only when it is complete, and records a
 compaction before replacing its inputs), so the watcher never talks to the trainer or
-its writer and cannot slow it down beyond the disk reads. A part that vanishes
-between listing and reading (compaction mid-read) makes that snapshot fail; it is
-retried, and the previous view stays on screen meanwhile.
+its writer; it costs the trainer only the CPU of its reads, and a
+:class:`~esper_analysis.live_reader.RunReader` reads each part once. A part merged
+away between listing and reading is skipped (the merged file carries its rows); any
+other failed read is retried, and the previous view stays on screen meanwhile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -26,8 +26,7 @@ from rich.text import Text
 
 from esper.core.enums import RunStatus, SeedStage
 from esper_analysis.errors import CorruptFileError
-from esper_analysis.lifecycles import seed_lifecycles, with_stage
-from esper_analysis.loader import Run, load_run
+from esper_analysis.live_reader import RunReader
 
 #: Longest allowed refresh interval (the issue's bound) and the default.
 MAX_REFRESH_S: Final = 1.0
@@ -83,40 +82,45 @@ class WatchState:
     note: str = ""
 
 
-def _started(run: Run) -> dict[str, Any]:
-    if not run.rows_on_disk("run_started"):
-        return {}
-    row = run.scan("run_started").tail(1).collect()
-    return row.row(0, named=True) if row.height else {}
+def _last(frame: pl.DataFrame) -> dict[str, Any]:
+    return frame.row(-1, named=True) if frame.height else {}
 
 
-def _progress(run: Run) -> tuple[int, int, int, float | None]:
+def _progress(reader: RunReader) -> tuple[int, int, int, float | None]:
     """(current round, step reached in it, env-steps so far, live EPS of that round)."""
-    rounds = run.scan("round_started").select(pl.col("round").max()).collect().item()
-    current = -1 if rounds is None else int(rounds)
-    if not run.rows_on_disk("env_step"):
+    rounds = reader.frame("round_started")
+    current = int(rounds["round"].max()) if "round" in rounds.columns and rounds.height else -1  # type: ignore[arg-type]
+    steps = reader.frame("env_step")
+    if "step" not in steps.columns:
         return current, -1, 0, None
-    steps = (
-        run.scan("env_step")
-        .filter(pl.col("round") == current)
-        .select(
-            step=pl.col("step").max(),
-            n=pl.len(),
-            span=(pl.col("ts_ns").max() - pl.col("ts_ns").min()) / _NS_PER_S,
-        )
-        .collect()
-        .row(0, named=True)
-    )
-    n, span = int(steps["n"]), steps["span"]
-    live = n / span if span else None
-    step = -1 if steps["step"] is None else int(steps["step"])
-    return current, step, run.rows_on_disk("env_step"), live
+    now = steps.filter(pl.col("round") == current)
+    if not now.height:
+        return current, -1, steps.height, None
+    span = (int(now["ts_ns"].max()) - int(now["ts_ns"].min())) / _NS_PER_S  # type: ignore[arg-type]
+    return current, int(now["step"].max()), steps.height, now.height / span if span else None  # type: ignore[arg-type]
 
 
-def _seed_table(run: Run, current: int, n_envs: int) -> pl.DataFrame:
+def _seed_table(reader: RunReader, current: int, n_envs: int) -> pl.DataFrame:
     """Seeds of the current round per env and stage (env x stage counts)."""
-    seeds = with_stage(seed_lifecycles(run).seeds).filter(pl.col("round") == current)
-    counts = {(int(e), str(s)): int(n) for e, s, n in seeds.group_by("env", "stage").len().rows()}
+    key = ["rank", "env", "seed_id"]
+    stages: dict[tuple[Any, ...], str] = {}
+    for event_type, stage in (
+        ("seed_germinated", SeedStage.GERMINATED.value),
+        ("seed_stage_changed", None),
+        ("seed_fossilized", SeedStage.FOSSILIZED.value),
+        ("seed_pruned", SeedStage.PRUNED.value),
+    ):
+        frame = reader.frame(event_type)
+        if "round" not in frame.columns:
+            continue
+        for row in frame.filter(pl.col("round") == current).iter_rows(named=True):
+            ended = stages.get(tuple(row[k] for k in key))
+            if ended in (SeedStage.FOSSILIZED.value, SeedStage.PRUNED.value):
+                continue  # an ended seed stays ended
+            stages[tuple(row[k] for k in key)] = stage or str(row["to_stage"])
+    counts: dict[tuple[int, str], int] = {}
+    for (_, env, _), stage in stages.items():
+        counts[(int(env), stage)] = counts.get((int(env), stage), 0) + 1
     envs = sorted(set(range(n_envs)) | {e for e, _ in counts})
     return pl.DataFrame(
         [{"env": e, **{s: counts.get((e, s), 0) for s in STAGES}} for e in envs],
@@ -124,10 +128,11 @@ def _seed_table(run: Run, current: int, n_envs: int) -> pl.DataFrame:
     )
 
 
-def _recent(run: Run) -> list[str]:
+def _recent(reader: RunReader) -> list[str]:
     """The latest rollbacks and anomalies, newest last, as one line each."""
     lines: list[tuple[int, str]] = []
-    for row in run.scan("governor_rollback").tail(RECENT_ROWS).collect().iter_rows(named=True):
+    rollbacks = reader.frame("governor_rollback")
+    for row in rollbacks.tail(RECENT_ROWS).iter_rows(named=True) if rollbacks.width > 2 else ():
         lines.append(
             (
                 int(row["seq"]),
@@ -135,47 +140,58 @@ def _recent(run: Run) -> list[str]:
                 f"{row['reason']} (loss {row['loss']:.3g} > {row['threshold']:.3g})",
             )
         )
-    for row in run.scan("anomaly_detected").tail(RECENT_ROWS).collect().iter_rows(named=True):
+    anomalies = reader.frame("anomaly_detected")
+    for row in anomalies.tail(RECENT_ROWS).iter_rows(named=True) if anomalies.width > 2 else ():
         where = f"round {row['round']}" + (f" env {row['env']}" if row["env"] >= 0 else "")
         lines.append((int(row["seq"]), f"anomaly   {where}: {row['kind']} {row['detail']}"))
     return [text for _, text in sorted(lines)[-RECENT_ROWS:]]
 
 
-def snapshot(path: str | Path, *, now_ns: int | None = None) -> WatchState:
-    """Read the run directory once (no retry; see :func:`read_state`)."""
-    with warnings.catch_warnings():  # a part skipped mid-compaction is expected here
-        warnings.simplefilter("ignore")
-        run = load_run(path)
-        started = _started(run)
-        n_envs = int(started.get("n_envs", 0))
-        current, step, env_steps, eps_live = _progress(run)
-        finished = run.scan("round_finished").sort("round").collect()
-        end = run.scan("run_finished").tail(1).collect()
-        beat = run.manifest.get("heartbeat_ns")
-        now = time.time_ns() if now_ns is None else now_ns
-        writer = run.manifest.get("writer")
-        return WatchState(
-            run_id=run.run_id,
-            status=run.status.value,
-            task=str(started.get("task", "?")),
-            policy=str(started.get("policy_kind", "?")),
-            n_envs=n_envs,
-            episode_length=int(started.get("episode_length", 0)),
-            rounds_planned=int(started.get("rounds", 0)),
-            round=current,
-            rounds_done=finished.height,
-            step=step,
-            env_steps=int(end["env_steps"][0]) if end.height else env_steps,
-            eps_last=float(finished["eps"][-1]) if finished.height else None,
-            eps_live=eps_live,
-            rewards=[float(v) for v in finished["mean_episode_reward"]],
-            accuracy_last=float(finished["mean_final_accuracy"][-1]) if finished.height else None,
-            seeds=_seed_table(run, current, n_envs),
-            recent=_recent(run),
-            writer=writer if isinstance(writer, dict) else {},
-            heartbeat_age_s=(now - beat) / _NS_PER_S if isinstance(beat, int) else None,
-            error=str(end["error"][0]) if end.height else "",
-        )
+def snapshot(
+    path: str | Path, *, reader: RunReader | None = None, now_ns: int | None = None
+) -> WatchState:
+    """Read the run directory once (no retry; see :func:`read_state`).
+
+    Pass the same ``reader`` on every refresh: it reads each part file only once.
+    """
+    reader = reader or RunReader(path)
+    reader.refresh()
+    manifests = reader.manifests()
+    manifest = manifests.get(0) or (manifests[min(manifests)] if manifests else {})
+    started = _last(reader.frame("run_started"))
+    n_envs = int(started.get("n_envs", 0))
+    current, step, env_steps, eps_live = _progress(reader)
+    finished = reader.frame("round_finished")
+    if "round" in finished.columns:
+        finished = finished.unique("round", keep="last").sort("round")
+    end = _last(reader.frame("run_finished"))
+    beat = manifest.get("heartbeat_ns")
+    now = time.time_ns() if now_ns is None else now_ns
+    writer = manifest.get("writer")
+    has_rounds = "eps" in finished.columns and finished.height > 0
+    return WatchState(
+        run_id=str(manifest.get("run_id") or Path(path).name),
+        status=reader.status(manifests).value,
+        task=str(started.get("task", "?")),
+        policy=str(started.get("policy_kind", "?")),
+        n_envs=n_envs,
+        episode_length=int(started.get("episode_length", 0)),
+        rounds_planned=int(started.get("rounds", 0)),
+        round=current,
+        rounds_done=finished.height if has_rounds else 0,
+        step=step,
+        env_steps=int(end["env_steps"]) if end else env_steps,
+        eps_last=float(finished["eps"][-1]) if has_rounds else None,
+        eps_live=eps_live,
+        rewards=[float(v) for v in finished["mean_episode_reward"]] if has_rounds else [],
+        accuracy_last=float(finished["mean_final_accuracy"][-1]) if has_rounds else None,
+        seeds=_seed_table(reader, current, n_envs),
+        recent=_recent(reader),
+        writer=writer if isinstance(writer, dict) else {},
+        heartbeat_age_s=(now - beat) / _NS_PER_S if isinstance(beat, int) else None,
+        error=str(end.get("error", "")),
+        note=f"unreadable parts skipped: {len(reader.skipped)}" if reader.skipped else "",
+    )
 
 
 def read_state(
@@ -297,13 +313,18 @@ def watch(
     sleep: Callable[[float], None] = time.sleep,
 ) -> WatchState:
     """Show the run until it is no longer running (or once); returns the last state."""
-    state = read_state(path)
+    reader = RunReader(path)
+
+    def read(p: str | Path) -> WatchState:
+        return snapshot(p, reader=reader)
+
+    state = read_state(path, read=read)
     if once or state.status != RunStatus.RUNNING.value:
         console.print(render(state))
         return state
     with Live(render(state), console=console, auto_refresh=False) as live:
         while state.status == RunStatus.RUNNING.value:
             sleep(refresh_s)
-            state = read_state(path, state)
+            state = read_state(path, state, read=read)
             live.update(render(state), refresh=True)
     return state

@@ -182,3 +182,26 @@ def test_watch_follows_a_live_training_run_on_a_pty(tmp_path: Path) -> None:
     assert f"round {rounds}/{rounds} (done {rounds})" in output
     assert output.count("run live") >= 2  # redrawn, not printed once
     assert "\x1b[" in output  # a terminal view (cursor control), not plain lines
+
+
+def test_reader_reads_each_part_once(
+    scripted: tuple[Path, Script], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh costs the new parts only (a live run has up to 128 parts per type)."""
+    import esper_analysis.live_reader as live
+
+    reads: list[Path] = []
+    real = live._read_part
+
+    def counting(path: Path, event_type: str) -> object:
+        reads.append(path)
+        return real(path, event_type)
+
+    monkeypatch.setattr(live, "_read_part", counting)
+    reader = live.RunReader(scripted[0])
+    first = snapshot(scripted[0], reader=reader)
+    assert len(reads) == len(set(reads)) > 0
+    n = len(reads)
+    again = snapshot(scripted[0], reader=reader)
+    assert len(reads) == n
+    assert again.rewards == first.rewards and again.seeds.equals(first.seeds)
