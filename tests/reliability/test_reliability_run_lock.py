@@ -32,6 +32,7 @@ from _reliability_support import (
 from esper_analysis import load_run
 
 from esper.core.enums import TelemetryLevel
+from esper.telemetry.demo import run_demo
 from esper.telemetry.hub import open_run
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 
@@ -41,6 +42,7 @@ LIVE_ROUNDS = 400
 HOLDER = """
 import sys
 from esper.core.enums import TelemetryLevel
+from esper.telemetry.demo import run_demo
 from esper.telemetry.hub import open_run
 hub = open_run(
     sys.argv[1], sys.argv[2], level=TelemetryLevel.NORMAL, resume=True, start_seq=1
@@ -136,3 +138,14 @@ def test_a_closed_hub_releases_the_lock_in_process(tmp_path: Path) -> None:
     hub.close()
     again = open_run(tmp_path, "r", level=TelemetryLevel.NORMAL, resume=True, start_seq=1)
     again.close()
+
+
+def test_demo_force_never_replaces_a_live_run(tmp_path: Path) -> None:
+    hub = open_run(tmp_path, "busy", level=TelemetryLevel.NORMAL)
+    try:
+        with pytest.raises(RunLockedError, match="being written by pid"):
+            run_demo(tmp_path, "busy", force=True)
+        assert (tmp_path / "busy" / "manifest.json").is_file()
+    finally:
+        hub.close()
+    run_demo(tmp_path, "busy", force=True)  # a closed run may be replaced

@@ -27,6 +27,7 @@ from esper.errors import UserError
 from esper.telemetry import events as ev
 from esper.telemetry.demo_env import DemoEnv
 from esper.telemetry.hub import Hub, open_run
+from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import read_manifests
 from esper.telemetry.paths import resolve_run_dir
 
@@ -70,6 +71,9 @@ def run_demo(
     if run_dir.exists():
         if not force:
             raise UserError(f"{run_dir} already exists; pass --force to replace it")
+        owner = run_lock_owner(run_dir)
+        if owner is not None:  # --force replaces a dead run, never a live one
+            raise RunLockedError(f"{run_dir} is being written by {owner}; not replacing it")
         shutil.rmtree(run_dir)
     started = time.perf_counter()
     hub = open_run(
