@@ -27,6 +27,7 @@ from esper.core.constants import ALL_BLUEPRINTS, HEAD_NAMES
 from esper.core.enums import LifecycleOp, RunStatus, SeedStage
 from esper.core.records import REWARD_COMPONENTS
 from esper.telemetry.events import SCHEMA_VERSION
+from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, COMPRESSION
 from esper_analysis.loader import EVENTS_DIR, MANIFEST_NAME
 from esper_analysis.schema import event_schema
 from esper_analysis.synth_plan import (
@@ -80,7 +81,14 @@ def _write(run_dir: Path, event_type: str, columns: dict[str, Any]) -> int:
     out = run_dir / EVENTS_DIR / event_type / "rank=0"
     out.mkdir(parents=True, exist_ok=True)
     meta = {"esper.schema_version": str(SCHEMA_VERSION), "esper.event_type": event_type}
-    frame.write_parquet(out / "part-000000.parquet", compression="zstd", metadata=meta)
+    table = frame.to_arrow().replace_schema_metadata(meta)
+    pq.write_table(  # as the writer's compacted files: zstd, page checksums, row groups
+        table,
+        out / "part-000000.parquet",
+        compression=COMPRESSION,
+        write_page_checksum=True,
+        row_group_size=COMPACT_ROW_GROUP_ROWS,
+    )
     return frame.height
 
 
