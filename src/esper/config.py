@@ -96,15 +96,15 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     lr: PositiveFloat = 3e-4
     clip: PositiveFloat = 0.2
     gamma: Fraction = 0.995
-    gae_lambda: Fraction = 0.98
+    gae_lambda: Fraction = 0.9
     entropy_coef: NonNegativeFloat = 0.05
     entropy_coef_floor: NonNegativeFloat = 0.01
     #: Rounds over which the entropy coefficient anneals linearly to the floor.
     entropy_anneal_rounds: NonNegative = 0
-    value_coef: NonNegativeFloat = 0.5
+    value_coef: NonNegativeFloat = 1.0
     max_grad_norm: PositiveFloat = 5.0
     target_kl: PositiveFloat | None = 0.015
-    update_epochs: Positive = 4
+    update_epochs: Positive = 8
     #: Gradient steps per epoch: the rollout's chunks are shuffled into this many groups.
     minibatches: Positive = 4
     #: Steps per recurrent chunk (replayed from the stored LSTM state); 0 = whole episodes.

@@ -1,0 +1,367 @@
+"""Learning benchmark: PPO vs heuristic vs a random valid policy vs the static host.
+
+Every policy runs the same task (``configs/learning.toml`` unless ``--config``), with the
+same run seeds, so round ``r`` of seed ``s`` starts from the same freshly seeded hosts
+whatever the policy. Per policy it reports the mean episode reward per round, and over
+the last third of rounds: final accuracy, parameters added, accuracy gained per 1k added
+parameters (against the static host of the same seed and round), fossilized and pruned
+seeds; for PPO also explained variance, approx KL and clip fraction per update. Paired
+differences (PPO minus each other policy, paired by seed and round) come with standard
+errors. The static host is a policy that always WAITs; the random policy draws every
+head uniformly among the valid choices.
+
+    python benchmarks/learning.py                 # 3 seeds, full preset (see README)
+    python benchmarks/learning.py --quick         # seconds: a smoke test, numbers mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
+
+from esper.config import Config, load_config, with_overrides
+from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES, RELEVANT_HEADS
+from esper.core.enums import LifecycleOp, TelemetryLevel
+from esper.core.records import SlotReport
+from esper.data.tasks import load_task
+from esper.policy.actions import ActionSpace, DecodedAction
+from esper.policy.heuristic import HeuristicPolicy, validity
+from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
+from esper.policy.signals import SignalTracker
+from esper.telemetry import events as ev
+from esper.telemetry.hub import MemoryHub
+from esper.training.run import action_space_for, train
+
+POLICIES = ("ppo", "heuristic", "eager", "random", "static")
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "learning.toml"
+DEFAULT_SEEDS = (0, 1, 2)
+#: Offset of the random policy's sampling stream from the run seed.
+RANDOM_POLICY_SEED_OFFSET = 31_337
+#: The quick mode: a smoke test of the whole pipeline, in seconds.
+QUICK: dict[str, Any] = {
+    "run.rounds": 3,
+    "run.episode_length": 4,
+    "run.n_envs": 2,
+    "task.train_samples_per_env": 64,
+    "task.val_samples": 64,
+    "policy.feature_dim": 16,
+    "policy.lstm_hidden": 16,
+}
+PARAMS_PER_K = 1000.0
+
+
+class EagerGrower(HeuristicPolicy):
+    """The heuristic, but it germinates whenever a slot is free instead of waiting for a
+    plateau: the "sensible grower" that measures how much accuracy seeds can add."""
+
+    def decide(
+        self,
+        reports: Sequence[SlotReport],
+        tracker: SignalTracker,
+        masks: dict[str, np.ndarray],
+        memory: Any,
+    ) -> DecodedAction:
+        action = super().decide(reports, tracker, masks, memory)
+        if action.op != LifecycleOp.WAIT:
+            return action
+        valid = validity(masks)
+        free = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
+        if not free:
+            return action
+        return self._germinate(reports[free[0]], masks["blueprint"], memory)
+
+
+class RandomValidPolicy:
+    """Uniform over the valid ops, then uniform over each used head's valid choices."""
+
+    def __init__(self, space: ActionSpace, seed: int) -> None:
+        self.space = space
+        self.gen = torch.Generator().manual_seed(seed + RANDOM_POLICY_SEED_OFFSET)
+
+    def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
+        zeros = torch.zeros(1, n, 1, device=device)
+        return zeros, zeros.clone()
+
+    def act(
+        self,
+        inp: PolicyInput,
+        hidden: Hidden,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep:
+        m = inp.masks
+        op = torch.multinomial(m.op.float(), 1, generator=self.gen).squeeze(-1)
+        cols = [op]
+        for name in HEAD_NAMES[1:]:
+            mask = m.slot_for_op(op) if name == "slot" else m.head(name)
+            cols.append(torch.multinomial(mask.float(), 1, generator=self.gen).squeeze(-1))
+        actions = torch.stack(cols, dim=1)
+        for i, o in enumerate(op.tolist()):  # host-side benchmark policy: no hot path
+            for h, name in enumerate(HEAD_NAMES):
+                if name not in RELEVANT_HEADS[LifecycleOp(o)]:
+                    actions[i, h] = CANONICAL_HEAD_VALUE[name]
+        n = op.shape[0]
+        zeros = torch.zeros(n, len(HEAD_NAMES))
+        op_probs = m.op.float() / m.op.float().sum(dim=1, keepdim=True)
+        return PolicyStep(actions, zeros, torch.zeros(n), op_probs, zeros, hidden)
+
+
+class StaticHostPolicy(RandomValidPolicy):
+    """Always WAIT: the host trains alone, no seed is ever germinated."""
+
+    def act(
+        self,
+        inp: PolicyInput,
+        hidden: Hidden,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> PolicyStep:
+        n = inp.masks.op.shape[0]
+        canon = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
+        actions = canon.repeat(n, 1)
+        actions[:, 0] = int(LifecycleOp.WAIT)
+        zeros = torch.zeros(n, len(HEAD_NAMES))
+        op_probs = torch.nn.functional.one_hot(actions[:, 0], inp.masks.op.shape[1]).float()
+        return PolicyStep(actions, zeros, torch.zeros(n), op_probs, zeros, hidden)
+
+
+def run_policy(cfg: Config, name: str, seed: int, data: Any) -> dict[str, Any]:
+    """One run; per round the env means of the episode numbers, PPO's update stats."""
+    kind = "ppo" if name == "ppo" else "heuristic"
+    run_cfg = with_overrides(
+        cfg, {"run.seed": seed, "policy.kind": kind, "telemetry.level": "lifecycle"}
+    )
+    space = action_space_for(run_cfg, data)
+    policy = {
+        "random": lambda: RandomValidPolicy(space, seed),
+        "static": lambda: StaticHostPolicy(space, seed),
+        "eager": lambda: EagerGrower(space, run_cfg.policy),
+    }.get(name, lambda: None)()
+    hub = MemoryHub(run_id=f"{name}-s{seed}", level=TelemetryLevel.LIFECYCLE)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        train(run_cfg, telemetry=hub, data=data, policy=policy, save=Path(tmp) / "ckpt.pt")
+    wall = time.perf_counter() - t0
+    rounds = run_cfg.run.rounds
+    per: dict[str, list[list[float]]] = {
+        k: [[] for _ in range(rounds)]
+        for k in ("reward", "acc", "params", "fossilized", "pruned", "germinated")
+    }
+    ppo: dict[str, list[float]] = {"ev": [], "kl": [], "clip": [], "value_loss": []}
+    for e in hub.events:
+        if isinstance(e, ev.EpisodeFinished):
+            r = e.round
+            per["reward"][r].append(e.episode_reward)
+            per["acc"][r].append(e.final_val_acc)
+            per["params"][r].append(float(e.params_added))
+            per["fossilized"][r].append(float(e.seeds_fossilized))
+            per["pruned"][r].append(float(e.seeds_pruned))
+            per["germinated"][r].append(float(e.seeds_germinated))
+        elif isinstance(e, ev.PpoUpdate):
+            ppo["ev"].append(e.explained_variance)
+            ppo["kl"].append(e.approx_kl)
+            ppo["clip"].append(e.clip_frac)
+            ppo["value_loss"].append(e.value_loss)
+    out: dict[str, Any] = {k: [statistics.fmean(v) for v in rows] for k, rows in per.items()}
+    out["wall_s"] = wall
+    if name == "ppo":
+        out["ppo"] = ppo
+    return out
+
+
+def _last_third(rounds: int) -> range:
+    return range(rounds - max(rounds // 3, 1), rounds)
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    finite = [x for x in xs if math.isfinite(x)]
+    if not finite:
+        return math.nan, math.nan
+    mean = statistics.fmean(finite)
+    se = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) > 1 else math.nan
+    return mean, se
+
+
+def summarise(runs: dict[str, dict[int, dict[str, Any]]], rounds: int) -> dict[str, Any]:
+    """Per policy last-third means; paired differences by (seed, round)."""
+    last = _last_third(rounds)
+    seeds = sorted(runs["static"]) if "static" in runs else sorted(next(iter(runs.values())))
+    summary: dict[str, Any] = {"last_third_rounds": [last.start, last.stop - 1]}
+    for name, by_seed in runs.items():
+        row: dict[str, Any] = {}
+        for key in ("reward", "acc", "params", "fossilized", "pruned", "germinated"):
+            row[key] = _mean_se([by_seed[s][key][r] for s in seeds for r in last])[0]
+        row["reward_per_round"] = [
+            statistics.fmean(by_seed[s]["reward"][r] for s in seeds) for r in range(rounds)
+        ]
+        if "static" in runs and row["params"] > 0:
+            gain = (
+                row["acc"] - _mean_se([runs["static"][s]["acc"][r] for s in seeds for r in last])[0]
+            )
+            row["acc_gain_per_1k_params"] = gain / (row["params"] / PARAMS_PER_K)
+        else:
+            row["acc_gain_per_1k_params"] = math.nan
+        if name == "ppo":
+            upd = [by_seed[s]["ppo"] for s in seeds]
+            for key in ("ev", "kl", "clip", "value_loss"):
+                row[f"{key}_last_third"] = _mean_se([u[key][r] for u in upd for r in last])[0]
+        summary[name] = row
+    paired: dict[str, Any] = {}
+    if "ppo" in runs:
+        for other in (p for p in runs if p != "ppo"):
+            for key in ("reward", "acc"):
+                diffs = [
+                    runs["ppo"][s][key][r] - runs[other][s][key][r] for s in seeds for r in last
+                ]
+                mean, se = _mean_se(diffs)
+                paired[f"ppo-{other}:{key}"] = {"mean": mean, "se": se, "n": len(diffs)}
+    summary["paired"] = paired
+    return summary
+
+
+def _print(summary: dict[str, Any], policies: list[str]) -> None:
+    cols = ["policy", "reward", "final acc %", "params added", "acc pp / 1k params"]
+    cols += ["fossilized", "pruned", "germinated"]
+    rows = [
+        [
+            p,
+            summary[p]["reward"],
+            summary[p]["acc"],
+            summary[p]["params"],
+            summary[p]["acc_gain_per_1k_params"],
+            summary[p]["fossilized"],
+            summary[p]["pruned"],
+            summary[p]["germinated"],
+        ]
+        for p in policies
+    ]
+    print_table("last third of rounds, mean per episode", cols, rows)
+    pairs = [[k, v["mean"], v["se"], v["n"]] for k, v in summary["paired"].items()]
+    print_table("paired differences (seed, round)", ["pair", "mean", "s.e.", "n"], pairs)
+    if "ppo" in summary:
+        s = summary["ppo"]
+        print(
+            f"PPO updates, last third: explained variance {s['ev_last_third']:.3f}, "
+            f"approx KL {s['kl_last_third']:.4f}, clip fraction {s['clip_last_third']:.3f}"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (JSON)"
+    )
+    parser.add_argument("--quick", action="store_true", help="seconds; numbers mean nothing")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--name", default=None, help="results file name (default: learning)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="summarise earlier results files together (e.g. one per seed, run in parallel)",
+    )
+    args = parser.parse_args(argv)
+    bad = [p for p in args.policies if p not in POLICIES]
+    if bad:
+        parser.error(f"--policies: unknown {bad}; choose from {list(POLICIES)}")
+    return args
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _payload(
+    args: argparse.Namespace, cfg: Config, overrides: dict[str, Any], runs: Any, wall: float
+) -> dict[str, Any]:
+    seeds = sorted({int(s) for by in runs.values() for s in by})
+    return {
+        "config": str(args.config),
+        "quick": bool(args.quick),
+        "overrides": overrides,
+        "seeds": seeds,
+        "rounds": cfg.run.rounds,
+        "n_envs": cfg.run.n_envs,
+        "episode_length": cfg.run.episode_length,
+        "wall_minutes": wall / 60,
+        "machine": machine_info(),
+        "summary": summarise(runs, cfg.run.rounds),
+        "runs": {p: {str(s): r for s, r in by.items()} for p, by in runs.items()},
+    }
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """One summary over several results files (same config, disjoint seeds)."""
+    parts = [json.loads(Path(p).read_text()) for p in args.merge]
+    first = parts[0]
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    for part in parts:
+        if (part["config"], part["overrides"]) != (first["config"], first["overrides"]):
+            raise SystemExit("--merge: results files come from different configurations")
+        for policy, by_seed in part["runs"].items():
+            runs.setdefault(policy, {}).update({int(s): r for s, r in by_seed.items()})
+    wall = sum(p["wall_minutes"] for p in parts) * 60
+    cfg = with_overrides(load_config(first["config"]), first["overrides"])
+    payload = _payload(args, cfg, first["overrides"], runs, wall)
+    payload["config"], payload["quick"] = first["config"], first.get("quick", False)
+    payload["wall_minutes_note"] = "sum of the merged parts' wall times (they may have overlapped)"
+    _print(payload["summary"], list(runs))
+    write_results(args.out, args.name or "learning", payload)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.merge:
+        return _merge(args)
+    cfg = load_config(args.config)
+    overrides = dict(QUICK) if args.quick else {}
+    overrides.update(_overrides(args.set))
+    cfg = with_overrides(cfg, overrides)
+    seeds = args.seeds or ([0, 1] if args.quick else list(DEFAULT_SEEDS))
+    data = load_task(cfg.task, seed=0)
+    t0 = time.perf_counter()
+    runs: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in args.policies}
+    for seed in seeds:
+        for name in args.policies:
+            runs[name][seed] = run_policy(cfg, name, seed, data)
+            print(f"{name} seed {seed}: {runs[name][seed]['wall_s']:.0f} s", flush=True)
+    wall = time.perf_counter() - t0
+    payload = _payload(args, cfg, overrides, runs, wall)
+    _print(payload["summary"], args.policies)
+    print(f"total {wall / 60:.1f} minutes on {machine_info()['cores']} cores")
+    write_results(args.out, args.name or ("learning_quick" if args.quick else "learning"), payload)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
