@@ -103,7 +103,8 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
             else "telemetry was flushed"
         )
         console.print(
-            f"{saved}; {_checkpoint_note(ledger)}; set ESPER_TRACEBACK=1 for the traceback",
+            f"{saved}; {_checkpoint_note(ledger, said=str(exc))}; "
+            "set ESPER_TRACEBACK=1 for the traceback",
             markup=False,
             soft_wrap=True,
         )
@@ -115,9 +116,12 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint_note(ledger: CheckpointLedger) -> str:
-    """Which checkpoint resumes the run: only what is true on disk."""
-    failed = f"saving a checkpoint failed ({ledger.save_error}); " if ledger.save_error else ""
+def _checkpoint_note(ledger: CheckpointLedger, *, said: str = "") -> str:
+    """Which checkpoint resumes the run: only what is true on disk (``said``: the error
+    already printed, so a failed save is not reported twice)."""
+    failed = ""
+    if ledger.save_error and ledger.save_error not in said:
+        failed = f"saving a checkpoint failed ({ledger.save_error}); "
     if ledger.path is None:
         return f"{failed}no round completed, so there is no checkpoint to resume from"
     return (

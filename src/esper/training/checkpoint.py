@@ -89,10 +89,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> int:
 
 def _save_failure(target: Path, exc: OSError) -> str:
     cause = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
-    return (
-        f"cannot save the checkpoint {target}: {cause}; "
-        "the previous checkpoint at that path (if any) is unchanged"
-    )
+    kept = "the previous one is unchanged" if target.is_file() else "none was written"
+    return f"cannot save the checkpoint {target}: {cause} ({kept})"
 
 
 def load_checkpoint(path: str | Path, cfg: Config) -> dict[str, Any]:
