@@ -8,6 +8,8 @@ resume keep working.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import socket
 import subprocess
 import sys
@@ -149,3 +151,17 @@ def test_demo_force_never_replaces_a_live_run(tmp_path: Path) -> None:
     finally:
         hub.close()
     run_demo(tmp_path, "busy", force=True)  # a closed run may be replaced
+
+
+def test_a_filesystem_without_locks_warns_and_still_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match="does not support file locks"):
+        hub = open_run(tmp_path, "nfs", level=TelemetryLevel.NORMAL)
+    assert run_lock_owner(tmp_path / "nfs") is None
+    hub.close()
+    assert (tmp_path / "nfs" / "manifest.json").is_file()

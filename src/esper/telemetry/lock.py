@@ -13,11 +13,13 @@ the owner's pid and host, so the refusal can name them. POSIX only (``fcntl``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Final
 
@@ -26,6 +28,8 @@ from esper.errors import UserError
 LOCK_NAME: Final = ".writer.lock"
 #: Bytes read from a lock file to name its owner (a few dozen are written).
 _MAX_OWNER_BYTES: Final = 4096
+#: ``flock`` errors that mean "no locks on this filesystem", not "locked".
+_NO_LOCKS: Final = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
 class RunLockedError(UserError):
@@ -95,8 +99,14 @@ def acquire_run_lock(run_dir: Path, *, rank: int, run_id: str) -> RunLock:
             f"(lock {path.name})"
         ) from None
     except OSError as exc:
-        os.close(fd)
-        raise UserError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        if exc.errno not in _NO_LOCKS:
+            os.close(fd)
+            raise UserError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        warnings.warn(  # e.g. some network filesystems: run, but say what is not guarded
+            f"{path}: the filesystem does not support file locks ({exc.strerror}); a second "
+            "process writing this run at the same time cannot be refused",
+            stacklevel=2,
+        )
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since_ns": time.time_ns()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode("utf-8"), 0)
@@ -118,6 +128,8 @@ def run_lock_owner(run_dir: Path, *, rank: int = 0) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _describe_owner(os.pread(fd, _MAX_OWNER_BYTES, 0))
+        except OSError:  # no locks on this filesystem: nobody can be seen holding one
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
