@@ -93,7 +93,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     check.add_argument("--baseline", required=True, metavar="FILE", help="baseline file")
     report = sub.add_parser("report", help="write a self-contained HTML report")
     _common(report)
-    report.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file")
+    report.add_argument(
+        "-o", "--output", metavar="FILE", help="HTML file (default: <run dir>/report.html)"
+    )
     report.add_argument("--baseline", metavar="FILE", help="also show the baseline status")
     report.add_argument(
         "--compare", nargs="+", default=[], metavar="RUN", help="overlay these runs' curves"
@@ -140,13 +142,13 @@ def _baseline(args: argparse.Namespace, run: Run, out: TextIO) -> int:
 
 
 def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
-    from esper_analysis.report import write_report
+    from esper_analysis.report import REPORT_NAME, write_report
 
     baseline = read_baseline(args.baseline) if args.baseline else None
     others = [load_run(p) for p in args.compare]
     path = write_report(
         run,
-        args.output,
+        args.output or run.path / REPORT_NAME,  # where `esper train --report` writes it
         baseline=baseline,
         baseline_source=args.baseline or "",
         compare_with=others,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -25,9 +26,11 @@ from esper_analysis.ppo import PpoHealth, ppo_health
 from esper_analysis.rewards import RewardBreakdown, reward_breakdown
 from esper_analysis.rollbacks import RollbackAudit, rollback_audit
 from esper_analysis.svg import (
+    Marker,
     Segment,
     Series,
     bar_chart,
+    color,
     empty_plot,
     line_chart,
     stacked_bars,
@@ -36,10 +39,23 @@ from esper_analysis.svg import (
 from esper_analysis.tables import format_value, html_table
 from esper_analysis.throughput import Throughput, throughput
 
+#: File name of a run's report inside its directory (`esper train --report`, and
+#: `esper analyze report` without -o).
+REPORT_NAME: Final = "report.html"
 #: The lifecycle timeline shows the seeds of at most this many (most recent) rounds.
 TIMELINE_ROUNDS: Final = 6
 #: Rounds are grouped into at most this many columns in the action chart.
 ACTION_BINS: Final = 60
+#: Reward components as the report names them: ``fossilize_bonus`` is negative when a
+#: seed that does not help is fossilized, which reads like a sign bug under that name.
+COMPONENT_LABELS: Final = {"fossilize_bonus": "fossilize: +helps, −hurts"}
+#: Small multiples of the reward components: charts per row and their size.
+SMALL_W: Final = 272
+SMALL_H: Final = 150
+_POINTS: Final = re.compile(r'data-points="(\d+)"')
+#: Event types whose ``round`` says which rounds a run reached (a crashed run's last
+#: round has step events but no ``round_finished``).
+_ROUND_SOURCES: Final = ("round_started", "round_finished", "env_step", "episode_finished")
 
 _CSS: Final = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222}
@@ -60,7 +76,29 @@ td:first-child,th:first-child{text-align:left}
 """
 
 
-def _learning_curve(run: Run) -> str:
+def round_span(run: Run) -> tuple[float, float] | None:
+    """First and last round any event reached: the shared x axis of the per-round charts."""
+    frames = [run.scan(t).select(pl.col("round")) for t in _ROUND_SOURCES if run.rows_on_disk(t)]
+    if not frames:
+        return None
+    rounds = pl.concat(frames).select("round")
+    lo, hi = rounds.select(lo=pl.col("round").min(), hi=pl.col("round").max()).collect().row(0)
+    return None if lo is None else (float(lo), float(hi))
+
+
+def _zero_not_negative(frame: pl.DataFrame) -> pl.DataFrame:
+    """-0.0 prints as ``-0``: make float zeros plain zeros before they become text."""
+    floats = [c for c, t in frame.schema.items() if t.is_float()]
+    return frame.with_columns(
+        pl.when(pl.col(c) == 0).then(0.0).otherwise(pl.col(c)).alias(c) for c in floats
+    )
+
+
+def _table(frame: pl.DataFrame, **kwargs: Any) -> str:
+    return html_table(_zero_not_negative(frame), **kwargs)
+
+
+def _learning_curve(run: Run, span: tuple[float, float] | None) -> str:
     frame = run.scan("round_finished").select(
         "round", reward="mean_episode_reward", accuracy="mean_final_accuracy"
     )
@@ -78,16 +116,23 @@ def _learning_curve(run: Run) -> str:
         [Series("reward", rounds, df["reward"].to_list())],
         x_label="round",
         y_label="reward",
+        x_range=span,
     ) + line_chart(
         "learning-accuracy",
         "Mean final accuracy per round",
         [Series("accuracy", rounds, df["accuracy"].to_list(), color="#009E73")],
         x_label="round",
         y_label="accuracy (%)",
+        x_range=span,
     )
 
 
-def _reward_components(rewards: RewardBreakdown) -> str:
+def _reward_components(rewards: RewardBreakdown, span: tuple[float, float] | None) -> str:
+    """One small chart per active component (own y scale), then the total.
+
+    Ten lines on one axis overlap near zero and cannot be told apart; small multiples
+    with a shared round axis can.
+    """
     df = rewards.by_round
     if df.height == 0:
         return empty_plot(
@@ -95,18 +140,34 @@ def _reward_components(rewards: RewardBreakdown) -> str:
             "Reward components per round",
             "no reward_computed events (telemetry level below normal)",
         )
+    rounds = df["round"].to_list()
     active = [c for c in REWARD_COMPONENTS if df[c].abs().sum() > 0]
-    series = [Series(c, df["round"].to_list(), df[c].to_list()) for c in active]
-    total = Series("total", df["round"].to_list(), df["total"].to_list(), color="#000000")
-    return line_chart(
-        "reward-components",
-        "Mean reward components per round",
-        [*series, total],
+    charts = [
+        line_chart(
+            f"reward-{c}",
+            COMPONENT_LABELS.get(c, c),
+            [Series(c, rounds, df[c].to_list(), color=color(i))],
+            x_label="round",
+            y_label="mean per step",
+            width=SMALL_W,
+            height=SMALL_H,
+            x_range=span,
+        )
+        for i, c in enumerate(active)
+    ]
+    total = line_chart(
+        "reward-total",
+        "total",
+        [Series("total", rounds, df["total"].to_list(), color="#000000")],
         x_label="round",
         y_label="mean per step",
-        width=1120,
-        height=320,
+        width=SMALL_W,
+        height=SMALL_H,
+        x_range=span,
     )
+    points = sum(int(v) for v in _POINTS.findall("".join([*charts, total])))
+    body = "".join([*charts, total])
+    return f'<div class="row" data-plot="reward-components" data-points="{points}">{body}</div>'
 
 
 def _episode_length(run: Run, segments: pl.DataFrame) -> int:
@@ -131,16 +192,38 @@ def _timeline(run: Run, lc: Lifecycles) -> str:
         (f"r{r} " if multi_rank else "") + f"env {e} / {s}" for r, e, s in lanes_df.iter_rows()
     ]
     lane_of = {key: i for i, key in enumerate(lanes_df.iter_rows())}
+    # A step occupies [step, step + 1): a piece that lasts to the episode's last step
+    # (a fossilized seed, or one alive at the end) covers that step too, so a seed
+    # fossilized late is not a sliver.
     segments = [
-        Segment(lane_of[(r, e, s)], rnd + a / length, rnd + b / length, stage)
+        Segment(lane_of[(r, e, s)], rnd + a / length, rnd + _piece_end(a, b, length), stage)
         for r, e, s, rnd, stage, a, b in seg.select(
             "rank", "env", "slot", "round", "stage", "start_step", "end_step"
         ).iter_rows()
     ]
+    pruned = lc.seeds.filter(
+        (pl.col("outcome") == "pruned") & pl.col("round").is_in(rounds)
+    ).select("rank", "env", "slot", "round", "ended_step")
+    markers = [
+        Marker(lane_of[(r, e, s)], rnd + step / length, "pruned")
+        for r, e, s, rnd, step in pruned.iter_rows()
+        if (r, e, s) in lane_of and step is not None
+    ]
     title = f"Seed lifecycle per env and slot (rounds {rounds[0]}–{rounds[-1]})"
     return timeline(
-        "seed-timeline", title, lanes, segments, list(TIMELINE_STAGES), x_label="round (+ step)"
+        "seed-timeline",
+        title,
+        lanes,
+        segments,
+        list(TIMELINE_STAGES),
+        x_label="round (+ step)",
+        markers=markers,
     )
+
+
+def _piece_end(start: int, end: int, length: int) -> float:
+    """End of a timeline piece as a fraction of the round (the last step included)."""
+    return min(end + 1, length) / length if end >= length - 1 else max(end, start) / length
 
 
 def _binned_ops(actions: Actions) -> tuple[list[float], dict[str, list[float]]]:
@@ -160,7 +243,7 @@ def _binned_ops(actions: Actions) -> tuple[list[float], dict[str, list[float]]]:
     return binned["bin"].cast(pl.Float64).to_list(), {op: binned[op].to_list() for op in ops}
 
 
-def _actions(actions: Actions) -> str:
+def _actions(actions: Actions, span: tuple[float, float] | None) -> str:
     if actions.actions == 0:
         return empty_plot("actions", "Action distribution", "no action_taken events")
     xs, stacks = _binned_ops(actions)
@@ -171,11 +254,17 @@ def _actions(actions: Actions) -> str:
         actions.by_op["actions"].to_list(),
         y_label="actions",
     ) + stacked_bars(
-        "action-rounds", "Op share per round", xs, stacks, x_label="round", y_label="share"
+        "action-rounds",
+        "Op share per round",
+        xs,
+        stacks,
+        x_label="round",
+        y_label="share",
+        x_range=span,
     )
 
 
-def _ppo(ppo: PpoHealth) -> str:
+def _ppo(ppo: PpoHealth, span: tuple[float, float] | None) -> str:
     df = ppo.updates
     rounds = df["round"].to_list()
 
@@ -188,16 +277,18 @@ def _ppo(ppo: PpoHealth) -> str:
         [s("entropy", "entropy"), s("explained variance", "explained_variance")],
         x_label="round",
         y_label="value",
+        x_range=span,
     ) + line_chart(
         "ppo-kl",
         "PPO approx KL and clip fraction",
         [s("approx KL", "approx_kl"), s("clip fraction", "clip_frac")],
         x_label="round",
         y_label="value",
+        x_range=span,
     )
 
 
-def _throughput(tp: Throughput) -> str:
+def _throughput(tp: Throughput, span: tuple[float, float] | None) -> str:
     df = tp.rounds
     if df.height == 0:
         return empty_plot("throughput", "Throughput", "no round data")
@@ -207,6 +298,7 @@ def _throughput(tp: Throughput) -> str:
         [Series("EPS", df["round"].to_list(), df["eps"].to_list())],
         x_label="round",
         y_label="env-steps / s",
+        x_range=span,
     )
 
 
@@ -236,35 +328,49 @@ def _header(run: Run, counts: Counts, tp: Throughput) -> str:
 
 
 def _rollbacks(audit: RollbackAudit) -> str:
-    def verdict(value: bool | None, what: str) -> str:
+    """Same verdicts as ``esper analyze rollbacks``: checked means the data to check was there."""
+
+    def verdict(value: bool | None, what: str, checked: bool, missing_data: str) -> str:
+        if not checked:
+            return f"<span class='note'>{what}: not checked ({missing_data})</span>"
+        if audit.count == 0:
+            return f"<span class='ok'>{what}: checked, nothing to reach</span>"
         if value is None:
-            return f"<span class='note'>{what}: not checked</span>"
+            return f"<span class='note'>{what}: not checked (no matching rows)</span>"
         klass = "ok" if value else "bad"
         return f"<span class='{klass}'>{what}: {'all reached' if value else 'MISSING'}</span>"
 
-    summary = (
-        f"<p>{audit.count} rollback(s). {verdict(audit.all_reached_buffer, 'buffer')} · "
-        f"{verdict(audit.all_reached_episode, 'episode outcome')}</p>"
+    buffer = verdict(
+        audit.all_reached_buffer, "buffer", audit.buffer_checked, "no reward_computed events"
     )
-    return summary + html_table(audit.rollbacks)
+    episode = verdict(audit.all_reached_episode, "episode outcome", True, "")
+    summary = f"<p>{audit.count} rollback(s). {buffer} · {episode}</p>"
+    return summary + _table(audit.rollbacks)
 
 
 def _reward_check(rewards: RewardBreakdown) -> str:
     if rewards.rows == 0:
         return "<p class='none'>no reward_computed events</p>"
-    klass = "ok" if rewards.flagged_rows == 0 else "bad"
-    text = (
-        f"<p class='{klass}'>{rewards.flagged_rows} of {rewards.rows} reward rows do not sum "
-        f"to their total (tolerance {rewards.tolerance:g}).</p>"
-    )
+    if rewards.flagged_rows == 0:
+        text = (
+            f"<p class='ok'>All {rewards.rows} reward rows sum to their total "
+            f"(tolerance {rewards.tolerance:g}).</p>"
+        )
+    else:
+        text = (
+            f"<p class='bad'>{rewards.flagged_rows} of {rewards.rows} reward rows differ from "
+            f"the sum of their components by more than {rewards.tolerance:g}.</p>"
+        )
     if rewards.missing_components:
         text += (
             "<p class='note'>Components absent from this schema version (read as 0): "
             + html.escape(", ".join(rewards.missing_components))
             + "</p>"
         )
-    by_component = rewards.by_component.select("component", "sum", "mean", "min", "max", "nonzero")
-    return text + html_table(rewards.flagged, max_rows=10) + html_table(by_component)
+    by_component = rewards.by_component.select(
+        "component", "sum", "mean", "min", "max", "nonzero"
+    ).with_columns(pl.col("component").replace(COMPONENT_LABELS))
+    return text + _table(rewards.flagged, max_rows=10) + _table(by_component)
 
 
 def _baseline(check: BaselineCheck | None, source: str) -> str:
@@ -273,7 +379,7 @@ def _baseline(check: BaselineCheck | None, source: str) -> str:
     klass = "ok" if check.ok else "bad"
     head = f"<p class='{klass}'>{html.escape(check.message())}</p>"
     note = f"<p class='note'>baseline: {html.escape(source)}</p>"
-    return head + note + html_table(check.drift) + html_table(check.types, max_rows=100)
+    return head + note + _table(check.drift) + _table(check.types, max_rows=100)
 
 
 def _section(title: str, body: str, *, plots: bool = False) -> str:
@@ -303,19 +409,20 @@ def build_report(
     actions = action_distribution(run)
     tp = throughput(run)
     check = check_baseline(run, baseline, counts) if baseline is not None else None
+    span = round_span(run)  # one round axis for every per-round chart
     body = [
         _header(run, counts, tp),
-        _section("Learning curve", _learning_curve(run), plots=True),
+        _section("Learning curve", _learning_curve(run, span), plots=True),
         _compare(run, compare_with),
-        _section("Reward components over time", _reward_components(rewards), plots=True),
+        _section("Reward components over time", _reward_components(rewards, span), plots=True),
         _section("Seed lifecycles", _timeline(run, lc), plots=True),
-        _section("Per-blueprint outcomes", html_table(lc.by_blueprint)),
-        _section("Action distribution", _actions(actions), plots=True),
-        _section("PPO health", _ppo(ppo_health(run)), plots=True),
-        _section("Throughput", _throughput(tp), plots=True),
+        _section("Per-blueprint outcomes", _table(lc.by_blueprint)),
+        _section("Action distribution", _actions(actions, span), plots=True),
+        _section("PPO health", _ppo(ppo_health(run), span), plots=True),
+        _section("Throughput", _throughput(tp, span), plots=True),
         _section("Rollbacks", _rollbacks(rollback_audit(run))),
         _section("Reward sum check", _reward_check(rewards)),
-        _section("Event counts", html_table(counts.by_type, max_rows=100)),
+        _section("Event counts", _table(counts.by_type, max_rows=100)),
         _section("Baseline status", _baseline(check, baseline_source)),
     ]
     title = html.escape(f"Esper run {run.run_id}")

@@ -24,6 +24,13 @@ _TICKS: Final = 5
 _LEGEND_ROW: Final = 14
 #: Extra right margin that holds a legend beside the plot area.
 _LEGEND_W: Final = 130
+#: Share of its slot a bar fills (the rest is the gap between bars).
+_BAR_FILL: Final = 0.9
+#: Bar labels longer than fit their slot are drawn at this angle, with this much more
+#: room under the axis, in full (a label cut to ``SET_ALPHA_TA`` says nothing).
+_LABEL_ANGLE: Final = -35
+_ROTATED_ROOM: Final = 60
+_CHAR_PX: Final = 6.5
 #: Colour-blind-friendly categorical palette (Okabe-Ito, then greys).
 PALETTE: Final = (
     "#0072B2",
@@ -56,6 +63,20 @@ class Segment:
     x0: float
     x1: float
     category: str
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A point event on a timeline lane (e.g. where a seed was pruned)."""
+
+    lane: int
+    x: float
+    category: str
+
+
+#: Colour and half-size of timeline markers (a cross: it reads as "removed").
+MARKER_COLOR: Final = "#B00020"
+_MARKER_R: Final = 4.5
 
 
 def _text(klass: str, x: float, y: float, text: str, anchor: str = "start") -> str:
@@ -220,13 +241,18 @@ def line_chart(
     y_label: str,
     width: int = WIDTH,
     height: int = HEIGHT,
+    x_range: tuple[float, float] | None = None,
 ) -> str:
-    """Lines (one path per series, broken at non-finite values) with a legend."""
+    """Lines (one path per series, broken at non-finite values) with a legend.
+
+    ``x_range`` widens the x axis to at least that span, so charts of one run share
+    their round axis even where a series stops early (a crashed run's last round).
+    """
     drawn = [(s, *downsample(s.xs, s.ys)) for s in series if len(s.xs)]
     values = [(x, y) for _, xs, ys in drawn for x, y in zip(xs, ys, strict=True) if _finite(y)]
     if not values:
         return empty_plot(name, title, "no data")
-    xs_all = [v[0] for v in values]
+    xs_all = [v[0] for v in values] + (list(x_range) if x_range else [])
     ys_all = [v[1] for v in values]
     frame = _Frame(
         (min(xs_all), max(xs_all)),
@@ -278,8 +304,11 @@ def bar_chart(
     low = min(0.0, *(v for _, v in pairs))
     frame = _Frame((0, len(pairs)), (low, top), width=width, height=height)
     frame.xt = []
-    body = frame.axes(title, "", y_label)
     slot = (frame.right - frame.left) / len(pairs)
+    rotate = any(len(label) * _CHAR_PX > slot for label, _ in pairs)
+    if rotate:
+        frame.bottom -= _ROTATED_ROOM
+    body = frame.axes(title, "", y_label)
     for i, (label, v) in enumerate(pairs):
         x = frame.left + i * slot + slot * 0.15
         y0, y1 = sorted((frame.py(0), frame.py(v)))
@@ -288,9 +317,11 @@ def bar_chart(
             f'height="{max(y1 - y0, 1):.1f}" fill="{color(i)}">'
             f"<title>{html.escape(label)}: {fmt(v)}</title></rect>"
         )
+        cx, ly = x + slot * 0.35, frame.bottom + 14
+        turn = f' transform="rotate({_LABEL_ANGLE} {cx:.1f} {ly})"' if rotate else ""
         body.append(
-            f'<text class="tick" x="{x + slot * 0.35:.1f}" y="{frame.bottom + 14}" '
-            f'text-anchor="middle">{html.escape(label[:12])}</text>'
+            f'<text class="tick bar-label" x="{cx:.1f}" y="{ly}" '
+            f'text-anchor="{"end" if rotate else "middle"}"{turn}>{html.escape(label)}</text>'
         )
     return _svg(name, len(pairs), width, height, body)
 
@@ -305,22 +336,32 @@ def stacked_bars(
     y_label: str,
     width: int = WIDTH,
     height: int = HEIGHT,
+    x_range: tuple[float, float] | None = None,
 ) -> str:
-    """Stacked columns at each x (e.g. op shares per round), with a legend."""
+    """Stacked columns centred on each x (e.g. op shares per round), with a legend.
+
+    The axis runs half a column beyond the first and last x, so every column sits
+    over its tick; ``x_range`` widens it as in :func:`line_chart`.
+    """
     if not xs or not stacks:
         return empty_plot(name, title, "no data")
     totals = [sum(float(stacks[k][i]) for k in stacks) for i in range(len(xs))]
     step = min((b - a for a, b in itertools.pairwise(xs)), default=1.0) or 1.0
+    lo, hi = min(xs), max(xs)
+    if x_range is not None:
+        lo, hi = min(lo, x_range[0]), max(hi, x_range[1])
     frame = _Frame(
-        (min(xs), max(xs) + step),
+        (lo - step / 2, hi + step / 2),
         (0.0, max(totals) or 1.0),
         width=width,
         height=height,
         legend=True,
         integer_x=all(float(x).is_integer() for x in xs),
     )
+    frame.x0, frame.x1 = lo - step / 2, hi + step / 2  # not the rounded ticks' span
+    frame.xt = [t for t in frame.xt if frame.x0 <= t <= frame.x1]
     body = frame.axes(title, x_label, y_label)
-    bar_w = max((frame.px(xs[0] + step) - frame.px(xs[0])) * 0.9, 1.0)
+    bar_w = max((frame.px(xs[0] + step) - frame.px(xs[0])) * _BAR_FILL, 1.0)
     drawn = 0
     for i, x in enumerate(xs):
         base = 0.0
@@ -330,7 +371,8 @@ def stacked_bars(
                 continue
             y_top, y_bot = frame.py(base + v), frame.py(base)
             body.append(
-                f'<rect class="bar" x="{frame.px(x):.1f}" y="{y_top:.1f}" width="{bar_w:.1f}" '
+                f'<rect class="bar" x="{frame.px(x) - bar_w / 2:.1f}" y="{y_top:.1f}" '
+                f'width="{bar_w:.1f}" '
                 f'height="{max(y_bot - y_top, 0.5):.1f}" fill="{color(j)}"/>'
             )
             base += v
@@ -349,13 +391,14 @@ def timeline(
     x_label: str,
     width: int = WIDTH * 2,
     lane_height: int = 16,
+    markers: Sequence[Marker] = (),
 ) -> str:
-    """Horizontal bars per lane (e.g. a seed's stages per env and slot)."""
+    """Horizontal bars per lane (e.g. a seed's stages per env and slot), with markers."""
     if not segments:
         return empty_plot(name, title, "no seeds germinated")
     height = _MARGIN_T + _MARGIN_B + lane_height * len(lanes) + _LEGEND_ROW + 4
-    lo = min(s.x0 for s in segments)
-    hi = max(s.x1 for s in segments)
+    lo = min([s.x0 for s in segments] + [m.x for m in markers])
+    hi = max([s.x1 for s in segments] + [m.x for m in markers])
     frame = _Frame((lo, hi), (0, len(lanes)), width=width, height=height)
     frame.left = _MARGIN_L + 40
     frame.bottom = frame.top + lane_height * len(lanes)
@@ -373,9 +416,25 @@ def timeline(
             f'width="{max(x1 - x0, min_w):.1f}" height="{lane_height - 4}" '
             f'fill="{palette.get(s.category, "#999")}"/>'
         )
+    r = _MARKER_R
+    for m in markers:
+        cx, cy = frame.px(m.x), frame.top + m.lane * lane_height + lane_height / 2
+        body.append(
+            f'<path class="marker" data-marker="{html.escape(m.category)}" '
+            f'd="M{cx - r:.1f},{cy - r:.1f} L{cx + r:.1f},{cy + r:.1f} '
+            f'M{cx - r:.1f},{cy + r:.1f} L{cx + r:.1f},{cy - r:.1f}" '
+            f'stroke="{MARKER_COLOR}" stroke-width="2.2"/>'
+        )
+    y = frame.bottom + _MARGIN_B - 4
     for i, c in enumerate(categories):
         x = frame.left + i * 110
-        y = frame.bottom + _MARGIN_B - 4
         body.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{palette[c]}"/>')
         body.append(f'<text class="legend" x="{x + 14}" y="{y + 9}">{html.escape(c)}</text>')
-    return _svg(name, len(segments), width, height, body)
+    for i, c in enumerate(sorted({m.category for m in markers})):
+        x = frame.left + (len(categories) + i) * 110 + 5
+        body.append(
+            f'<path d="M{x - 4},{y + 1} L{x + 4},{y + 9} M{x - 4},{y + 9} L{x + 4},{y + 1}" '
+            f'stroke="{MARKER_COLOR}" stroke-width="2.2"/>'
+        )
+        body.append(f'<text class="legend" x="{x + 9}" y="{y + 9}">{html.escape(c)}</text>')
+    return _svg(name, len(segments) + len(markers), width, height, body)

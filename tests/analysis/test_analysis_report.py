@@ -71,10 +71,10 @@ def test_report_is_self_contained_with_every_section(scripted_run: Path) -> None
     points = _plot_points(text)
     assert set(PLOTS) <= set(points)
     assert points["learning-reward"] == ROUNDS
-    assert points["seed-timeline"] == 10  # A: 5 stages, B: 2, C: 2, D: 1
+    assert points["seed-timeline"] == 11  # A: 5 stages, B: 2, C: 2, D: 1; B's prune marker
     assert all(points[p] > 0 for p in PLOTS), points
     assert "matches baseline" in text
-    assert "1 of 24 reward rows do not sum" in text
+    assert "1 of 24 reward rows differ from the sum of their components" in text
 
 
 def test_report_of_a_crashed_run_says_it_is_partial(crashed: Crashed, tmp_path: Path) -> None:
@@ -122,7 +122,9 @@ def test_report_renders_with_plots_in_headless_chromium(scripted_run: Path, tmp_
     assert set(PLOTS) <= set(points)
     paths = re.findall(r'<path class="series" data-series="[^"]*" d="([^"]*)"', dom.stdout)
     assert paths and all(re.fullmatch(r"M[\d.]+,[\d.]+( L[\d.]+,[\d.]+)*", d) for d in paths)
-    assert len(re.findall(r'class="segment"', dom.stdout)) == points["seed-timeline"]
+    segments = len(re.findall(r'class="segment"', dom.stdout))
+    markers = re.findall(r'class="marker" data-marker="([^"]+)"', dom.stdout)
+    assert (segments, markers) == (points["seed-timeline"] - 1, ["pruned"])
     shot = tmp_path / "report.png"
     result = _chromium(
         tmp_path, f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}", url
