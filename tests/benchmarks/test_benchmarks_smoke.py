@@ -156,3 +156,10 @@ def test_floor_matches_trainer_split() -> None:
             assert torch.equal(idx.view(n_envs, fd.per_env), it.epoch_indices(epoch))
         n_val = min(data.val_y.shape[0], cfg.task.val_samples or data.val_y.shape[0])
         assert sum(yb.shape[0] for _, yb in fd.val) == n_val
+
+
+def test_watch_overhead(tmp_path: Path) -> None:
+    data = run_script("watch_overhead", tmp_path)
+    assert set(data["samples"]) == {"alone", "watched"}
+    assert all(positive(v) for vs in data["samples"].values() for v in vs)
+    assert data["watcher"] and all(w["watcher_cpu_s"] >= 0 for w in data["watcher"])
