@@ -160,7 +160,7 @@ def train(
     _check_envs_fit(cfg, data)
     space = action_space_for(cfg, data)
     learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
-    start_round = 0
+    start_round = start
     if state is not None:
         try:
             learner.load_state_dict(state["learner"])
@@ -169,7 +169,6 @@ def train(
                 f"{resume}: the checkpoint's policy state does not fit this configuration "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-        start_round = int(state["next_round"])
     hub = (
         telemetry if telemetry is not None else _open_hub(cfg, run_id, parent, state, continue_run)
     )
@@ -184,8 +183,8 @@ def train(
                     seq_position=int(state["seq_position"]),
                 )
             )
-    except KeyboardInterrupt:  # before the first round: nothing to checkpoint yet
-        hub.close(RunStatus.INTERRUPTED, "interrupted by user (Ctrl-C) before the first round")
+    except KeyboardInterrupt as exc:  # before the first round: nothing to checkpoint yet
+        hub.close(RunStatus.INTERRUPTED, f"{_interrupt_reason(exc)} before the first round")
         raise
     except BaseException as exc:
         hub.close(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
@@ -243,12 +242,7 @@ def _run_rounds(
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
             saver.round_completed(next_round, save_now=due)
     except KeyboardInterrupt as exc:
-        status = RunStatus.INTERRUPTED
-        error = (
-            "terminated (SIGTERM)"
-            if isinstance(exc, Terminated)
-            else "interrupted by user (Ctrl-C)"
-        )
+        status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
     except BaseException as exc:
         status, error = RunStatus.FAILED, f"{type(exc).__name__}: {exc}"
@@ -285,6 +279,10 @@ def _run_rounds(
         checkpoint=saver.path if saver.path.exists() else None,
         rounds=trainer.state.round_summaries,
     )
+
+
+def _interrupt_reason(exc: KeyboardInterrupt) -> str:
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted by user (Ctrl-C)"
 
 
 def _run_identity(cfg: Config, state: dict[str, Any] | None, continue_run: bool) -> tuple[str, str]:
