@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
 
 from esper.config import Config, load_config, with_overrides
-from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES, RELEVANT_HEADS
+from esper.core.constants import ALL_BLUEPRINTS, CANONICAL_HEAD_VALUE, HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, TelemetryLevel
 from esper.core.records import SlotReport
 from esper.data.tasks import load_task
@@ -47,6 +48,9 @@ from esper.telemetry.hub import MemoryHub
 from esper.training.run import action_space_for, train
 
 POLICIES = ("ppo", "heuristic", "eager", "random", "static")
+#: Optional policies (not in the default set): the eager grower with the largest CNN seed.
+EXTRA_POLICIES = ("eager_heavy",)
+HEAVY_BLUEPRINT = "conv_heavy"
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "learning.toml"
 DEFAULT_SEEDS = (0, 1, 2)
 #: Offset of the random policy's sampling stream from the run seed.
@@ -66,7 +70,13 @@ PARAMS_PER_K = 1000.0
 
 class EagerGrower(HeuristicPolicy):
     """The heuristic, but it germinates whenever a slot is free instead of waiting for a
-    plateau: the "sensible grower" that measures how much accuracy seeds can add."""
+    plateau: the "sensible grower" that measures how much accuracy seeds can add.
+    ``blueprint`` (if valid) replaces the heuristic's rotation (which starts with the
+    smallest seeds)."""
+
+    def __init__(self, space: ActionSpace, cfg: Any, blueprint: str = "") -> None:
+        super().__init__(space, cfg)
+        self.blueprint = blueprint
 
     def decide(
         self,
@@ -82,7 +92,10 @@ class EagerGrower(HeuristicPolicy):
         free = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
         if not free:
             return action
-        return self._germinate(reports[free[0]], masks["blueprint"], memory)
+        action = self._germinate(reports[free[0]], masks["blueprint"], memory)
+        if self.blueprint and masks["blueprint"][ALL_BLUEPRINTS.index(self.blueprint)]:
+            action = msgspec.structs.replace(action, blueprint=self.blueprint)
+        return action
 
 
 class RandomValidPolicy:
@@ -152,6 +165,7 @@ def run_policy(cfg: Config, name: str, seed: int, data: Any) -> dict[str, Any]:
         "random": lambda: RandomValidPolicy(space, seed),
         "static": lambda: StaticHostPolicy(space, seed),
         "eager": lambda: EagerGrower(space, run_cfg.policy),
+        "eager_heavy": lambda: EagerGrower(space, run_cfg.policy, blueprint=HEAVY_BLUEPRINT),
     }.get(name, lambda: None)()
     hub = MemoryHub(run_id=f"{name}-s{seed}", level=TelemetryLevel.LIFECYCLE)
     t0 = time.perf_counter()
@@ -281,9 +295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="summarise earlier results files together (e.g. one per seed, run in parallel)",
     )
     args = parser.parse_args(argv)
-    bad = [p for p in args.policies if p not in POLICIES]
+    bad = [p for p in args.policies if p not in POLICIES + EXTRA_POLICIES]
     if bad:
-        parser.error(f"--policies: unknown {bad}; choose from {list(POLICIES)}")
+        parser.error(f"--policies: unknown {bad}; choose from {list(POLICIES + EXTRA_POLICIES)}")
     return args
 
 
