@@ -115,7 +115,9 @@ def scan_columns(event_type: str) -> list[str]:
 def worker_scan(run_dir: Path) -> dict[str, Any]:
     import polars as pl
 
-    columns = {d.name: scan_columns(d.name) for d in (run_dir / "events").iterdir()}
+    from esper.telemetry.paths import event_type_of
+
+    columns = {d.name: scan_columns(event_type_of(d.name)) for d in (run_dir / "events").iterdir()}
     t0 = time.perf_counter()
     plans, types = [], []
     for type_dir in sorted((run_dir / "events").iterdir()):

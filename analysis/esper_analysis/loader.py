@@ -1,7 +1,8 @@
 """Load run directories as lazy polars frames per event type, tolerant of crashes.
 
 A run directory is ``<run_id>/manifest.json`` plus
-``<run_id>/events/<event_type>/rank=<r>/part-<n>.parquet``. Only Parquet *footers* are
+``<run_id>/events/type=<event_type>/rank=<r>/part-<n>.parquet`` (schema 1: ``<event_type>/``,
+also read). Only Parquet *footers* are
 read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
 
 Corrupt files: every page is decoded once at load time with its CRC32 checksum
@@ -44,6 +45,7 @@ import pyarrow.parquet as pq
 from esper.core.enums import RunStatus
 from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.manifest import pid_alive
+from esper.telemetry.paths import event_type_of
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
 from esper_analysis.integrity import (
     DamagedPagesError,
@@ -464,7 +466,7 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
         return files, skipped, unknown
     known = set(known_event_types())
     for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir()):
-        event_type = type_dir.name
+        event_type = event_type_of(type_dir.name)  # type=<t> (schema 2) or <t> (schema 1)
         for rank, path in _part_paths(type_dir):
             if path in skip:
                 continue

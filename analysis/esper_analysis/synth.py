@@ -27,6 +27,7 @@ from esper.core.constants import ALL_BLUEPRINTS, HEAD_NAMES
 from esper.core.enums import LifecycleOp, RunStatus, SeedStage
 from esper.core.records import REWARD_COMPONENTS
 from esper.telemetry.events import SCHEMA_VERSION
+from esper.telemetry.paths import event_type_of, type_rank_dir
 from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, COMPRESSION
 from esper_analysis.loader import EVENTS_DIR, MANIFEST_NAME
 from esper_analysis.schema import event_schema
@@ -78,7 +79,7 @@ def _write(run_dir: Path, event_type: str, columns: dict[str, Any]) -> int:
     """One part file per type, typed exactly like the real writer's tables."""
     schema = event_schema(event_type)
     frame = pl.DataFrame(columns).select([pl.col(n).cast(dt) for n, dt in schema.items()])
-    out = run_dir / EVENTS_DIR / event_type / "rank=0"
+    out = type_rank_dir(run_dir, event_type, 0)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"esper.schema_version": str(SCHEMA_VERSION), "esper.event_type": event_type}
     table = frame.to_arrow().replace_schema_metadata(meta)
@@ -506,7 +507,7 @@ def _write_run_events(run_dir: Path, plan: Plan, seed: int, config_hash: str, to
 def _write_manifest(run_dir: Path, plan: Plan, config_hash: str, total: int) -> None:
     """The manifest the real writer leaves after a clean close (atomic write)."""
     counts = {
-        d.name: sum(pq.read_metadata(p).num_rows for p in d.glob("rank=*/*.parquet"))
+        event_type_of(d.name): sum(pq.read_metadata(p).num_rows for p in d.glob("rank=*/*.parquet"))
         for d in sorted((run_dir / EVENTS_DIR).iterdir())
     }
     now = time.time_ns()

@@ -78,7 +78,7 @@ def older_run(scripted_run: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """The scripted run as an older schema version would have written it."""
     run = copy_run(scripted_run, tmp_path_factory.mktemp("older") / "older")
     for part in (run / "events").rglob("*.parquet"):
-        event_type = part.parent.parent.name
+        event_type = part.parent.parent.name.removeprefix("type=")
         rewrite_part(part, drop=OLD_SCHEMA_DROPS.get(event_type, []), version=OLD_SCHEMA_VERSION)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["schema_version"] = OLD_SCHEMA_VERSION

@@ -150,7 +150,7 @@ def test_cli_exit_codes(scripted_run: Path, runs_root: Path, tmp_path: Path) -> 
 
 def test_cli_reports_user_errors_without_traceback(scripted_run: Path, tmp_path: Path) -> None:
     run_dir = copy_run(scripted_run, tmp_path / "corrupt")
-    victim = next((run_dir / "events" / "env_step").rglob("*.parquet"))
+    victim = next((run_dir / "events" / "type=env_step").rglob("*.parquet"))
     victim.write_bytes(b"garbage")
     code, out, err = _cli("counts", str(run_dir))
     assert code == 2 and out == ""
@@ -174,7 +174,7 @@ def test_cli_tables_and_json_for_every_analysis(scripted_run: Path, crashed: Cra
 
 def test_cli_names_a_file_whose_data_pages_are_corrupt(scripted_run: Path, tmp_path: Path) -> None:
     run_dir = copy_run(scripted_run, tmp_path / "bad_pages")
-    victim = next((run_dir / "events" / "reward_computed").rglob("*.parquet"))
+    victim = next((run_dir / "events" / "type=reward_computed").rglob("*.parquet"))
     data = bytearray(victim.read_bytes())
     footer = int.from_bytes(data[-8:-4], "little")
     for i in range(8, len(data) - 8 - footer):  # data pages only: the footer stays readable

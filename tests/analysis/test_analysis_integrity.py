@@ -38,7 +38,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 
 
 def _only_part(run_dir: Path, event_type: str) -> Path:
-    parts = sorted((run_dir / "events" / event_type / "rank=0").glob("part-*.parquet"))
+    parts = sorted((run_dir / "events" / f"type={event_type}" / "rank=0").glob("part-*.parquet"))
     assert len(parts) == 1, parts
     return parts[0]
 
@@ -72,11 +72,11 @@ def test_a_part_copied_from_another_run_is_an_error_naming_file_and_run(
 ) -> None:
     other, _ = emit_run(tmp_path / "elsewhere", "other")
     run_dir = copy_run(scripted_run, tmp_path / "mixed")
-    foreign = run_dir / "events/env_step/rank=0/part-000500.parquet"
+    foreign = run_dir / "events/type=env_step/rank=0/part-000500.parquet"
     shutil.copy(_only_part(other, "env_step"), foreign)
     code, out, err = _cli("counts", str(run_dir))
     assert code == 2 and out == ""
-    assert "events/env_step/rank=0/part-000500.parquet" in err
+    assert "events/type=env_step/rank=0/part-000500.parquet" in err
     assert "holds run_id other" in err and "another run" in err
 
 
@@ -87,7 +87,8 @@ def test_a_part_copied_from_a_same_named_run_is_a_count_mismatch(
     twin, _ = emit_run(tmp_path / "twin", "scripted", extra=(run_started(),))
     run_dir = copy_run(scripted_run, tmp_path / "scripted")
     shutil.copy(
-        _only_part(twin, "run_started"), run_dir / "events/run_started/rank=0/part-000500.parquet"
+        _only_part(twin, "run_started"),
+        run_dir / "events/type=run_started/rank=0/part-000500.parquet",
     )
     code, _, err = _cli("counts", str(run_dir))
     assert code == 2

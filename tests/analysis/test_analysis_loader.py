@@ -21,7 +21,7 @@ from esper.telemetry.hub import open_run
 
 
 def _first_part(run: Path, event_type: str) -> Path:
-    return sorted((run / "events" / event_type).rglob("*.parquet"))[0]
+    return sorted((run / "events" / f"type={event_type}").rglob("*.parquet"))[0]
 
 
 def test_finished_run_reads_every_type_with_catalogue_dtypes(

@@ -372,7 +372,7 @@ def _finished_run(tmp: Path, run_id: str = "done") -> Path:
 
 def test_corrupt_parquet_footer(tmp_path: Path) -> None:
     run_dir = _finished_run(tmp_path)
-    part = next((run_dir / "events" / "env_step").rglob("*.parquet"))
+    part = next((run_dir / "events" / "type=env_step").rglob("*.parquet"))
     part.write_bytes(part.read_bytes()[:200])
     proc = run_esper(["analyze", "counts", str(run_dir)])
     assert_user_error(proc, "corrupt parquet", str(part.relative_to(tmp_path)))
@@ -380,7 +380,7 @@ def test_corrupt_parquet_footer(tmp_path: Path) -> None:
 
 def test_corrupt_parquet_data_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _finished_run(tmp_path)
-    part = next((run_dir / "events" / "env_step").rglob("*.parquet"))
+    part = next((run_dir / "events" / "type=env_step").rglob("*.parquet"))
     raw = bytearray(part.read_bytes())
     footer = int.from_bytes(raw[-8:-4], "little") + 8  # footer, its length, "PAR1"
     raw[4 : len(raw) - footer] = bytes(len(raw) - footer - 4)  # every data page zeroed
@@ -412,7 +412,7 @@ def test_part_file_from_a_newer_schema_version(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = _finished_run(tmp_path)
-    part = next((run_dir / "events" / "round_started").rglob("*.parquet"))
+    part = next((run_dir / "events" / "type=round_started").rglob("*.parquet"))
     table = pq.read_table(part)
     meta = dict(table.schema.metadata or {})
     meta[b"esper.schema_version"] = str(NEWER).encode()
@@ -440,9 +440,9 @@ def test_telemetry_survives_a_foreign_table_in_a_crashed_run(tmp_path: Path) -> 
     data = json.loads(path.read_text())
     data.update(status=RunStatus.RUNNING.value, pid=2**22 + 7, heartbeat_ns=0)
     path.write_text(json.dumps(data))
-    bad = run_dir / "events" / "env_step" / "rank=0" / "part-999999.parquet"
+    bad = run_dir / "events" / "type=env_step" / "rank=0" / "part-999999.parquet"
     bad.write_bytes(b"PAR1 not really parquet")
-    foreign = run_dir / "events" / "zzz_unknown" / "rank=0" / "part-000000.parquet"
+    foreign = run_dir / "events" / "type=zzz_unknown" / "rank=0" / "part-000000.parquet"
     foreign.parent.mkdir(parents=True)
     pq.write_table(pa.table({"seq": ["x"]}), foreign)
     proc = run_esper(["analyze", "counts", str(run_dir), "--json"])
@@ -450,7 +450,7 @@ def test_telemetry_survives_a_foreign_table_in_a_crashed_run(tmp_path: Path) -> 
     out = json.loads(proc.stdout)
     assert out["run"]["status"] == "crashed"
     skipped = out["run"]["recovery"]["files_skipped"]
-    assert [s["path"] for s in skipped] == ["events/env_step/rank=0/part-999999.parquet"]
+    assert [s["path"] for s in skipped] == ["events/type=env_step/rank=0/part-999999.parquet"]
     assert "zzz_unknown" in proc.stderr  # named in a warning, then ignored
     assert "Traceback" not in proc.stderr
 

@@ -160,7 +160,7 @@ def test_disk_full_under_the_writer_is_a_clear_error_and_corrupts_nothing(
         pytest.skip("/dev/full is not available")
     config = write_small_config(tmp_path)
     run_dir = tmp_path / "tel" / "full"
-    trap = run_dir / "events" / "round_finished" / "rank=0" / ".part-000000.parquet.tmp"
+    trap = run_dir / "events" / "type=round_finished" / "rank=0" / ".part-000000.parquet.tmp"
     trap.parent.mkdir(parents=True)
     trap.symlink_to(full)
     proc = run_esper(train_args(config, tmp_path / "tel", "full", rounds=4))

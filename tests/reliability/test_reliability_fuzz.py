@@ -264,7 +264,7 @@ def _zero_pages(run_dir: Path, draw: Any) -> None:
 
 def _foreign_part(run_dir: Path, draw: Any) -> None:
     tag = draw(st.sampled_from(sorted(EVENT_TYPES)))
-    target = run_dir / "events" / tag / "rank=0" / "part-900000.parquet"
+    target = run_dir / "events" / f"type={tag}" / "rank=0" / "part-900000.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
     column = draw(st.sampled_from(["seq", "round", "env", "total", "status", "slots"]))
     table = draw(
@@ -282,7 +282,7 @@ def _foreign_part(run_dir: Path, draw: Any) -> None:
 
 def _empty_part(run_dir: Path, draw: Any) -> None:
     tag = draw(st.sampled_from(sorted(EVENT_TYPES)))
-    target = run_dir / "events" / tag / "rank=0" / "part-900001.parquet"
+    target = run_dir / "events" / f"type={tag}" / "rank=0" / "part-900001.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"")
 
@@ -334,7 +334,7 @@ def _crash(run_dir: Path, draw: Any) -> None:
         data = _manifest_dict(path)
         data.update(status="running", pid=2**22 + 11, heartbeat_ns=0)
         path.write_text(json.dumps(data))
-    shutil.rmtree(run_dir / "events" / "run_finished", ignore_errors=True)
+    shutil.rmtree(run_dir / "events" / "type=run_finished", ignore_errors=True)
 
 
 DAMAGES: dict[str, Damage] = {

@@ -67,7 +67,9 @@ def as_row(event: Event) -> dict[str, Any]:
 
 def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
     """Rows of one event type (all ranks), read with polars, ordered by (rank, seq)."""
-    parts = [p for p in live_parts(run_dir, read_manifests(run_dir)) if p.parts[-3] == tag]
+    parts = [
+        p for p in live_parts(run_dir, read_manifests(run_dir)) if p.parts[-3] == f"type={tag}"
+    ]
     if not parts:
         return []
     return pl.read_parquet(parts).sort("rank", "seq").to_dicts()

@@ -61,7 +61,7 @@ def test_columns_types_and_metadata_follow_the_struct(tmp_path: Path) -> None:
             hub.emit(minimal_event(cls))
     assert hub.run_dir is not None
     for tag, cls in EVENT_TYPES.items():
-        files = sorted((hub.run_dir / "events" / tag / "rank=0").glob("part-*.parquet"))
+        files = sorted((hub.run_dir / "events" / f"type={tag}" / "rank=0").glob("part-*.parquet"))
         assert len(files) == 1, tag  # compacted on close
         schema = pq.read_schema(files[0])
         assert schema.metadata[META_SCHEMA_VERSION] == str(SCHEMA_VERSION).encode()

@@ -131,7 +131,7 @@ def test_disk_full_reaches_flush_and_close(tmp_path: Path) -> None:
     hub.emit(_step(1))
     with pytest.raises(TelemetryWriteError, match="No space left on device") as info:
         hub.flush()
-    assert "env_step/rank=0/part-000001.parquet" in str(info.value)
+    assert "type=env_step/rank=0/part-000001.parquet" in str(info.value)
     assert isinstance(info.value.__cause__, OSError)
     with pytest.raises(TelemetryWriteError, match="No space left"):
         hub.close()
@@ -184,7 +184,7 @@ def test_interrupted_compaction_neither_loses_nor_duplicates(tmp_path: Path) -> 
     assert len(on_disk) == 4  # three inputs + the merged output, all complete
     manifests = read_manifests(hub.run_dir)
     (pending,) = manifests[0].pending_compactions
-    assert pending.output == f"env_step/rank=0/{on_disk[-1]}"
+    assert pending.output == f"type=env_step/rank=0/{on_disk[-1]}"
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
     live = [p.name for p in live_parts(hub.run_dir, manifests) if p.parent == directory]
     assert live == [on_disk[-1]]

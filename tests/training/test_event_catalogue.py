@@ -79,11 +79,11 @@ def _config(tmp: Path, run_id: str, **overrides: Any) -> Config:
 
 
 def _types(run_dir: Path) -> set[str]:
-    return {p.name for p in (run_dir / "events").iterdir() if p.is_dir()}
+    return {p.name.removeprefix("type=") for p in (run_dir / "events").iterdir() if p.is_dir()}
 
 
 def _read(run_dir: Path, event_type: str) -> pl.DataFrame:
-    return pl.read_parquet(run_dir / "events" / event_type / "**" / "*.parquet")
+    return pl.read_parquet(run_dir / "events" / f"type={event_type}" / "**" / "*.parquet")
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def test_run_writes_lifecycle_and_normal_events(tmp_path: Path, digits) -> None:
     assert result.status == RunStatus.FINISHED
     assert result.env_steps == 2 * 3 * 5
     run_dir = tmp_path / "t"
-    types = {p.name for p in (run_dir / "events").iterdir()}
+    types = {p.name.removeprefix("type=") for p in (run_dir / "events").iterdir()}
     always = {
         "run_started",
         "run_finished",
@@ -109,11 +109,11 @@ def test_run_writes_lifecycle_and_normal_events(tmp_path: Path, digits) -> None:
         "writer_stats",
     }
     assert always <= types
-    rewards = pl.read_parquet(run_dir / "events" / "reward_computed" / "**" / "*.parquet")
+    rewards = pl.read_parquet(run_dir / "events" / "type=reward_computed" / "**" / "*.parquet")
     assert rewards.height == 30
     summed = rewards.select(pl.sum_horizontal(list(REWARD_COMPONENTS))).to_series()
     assert (summed - rewards["total"]).abs().max() < 1e-9
-    episodes = pl.read_parquet(run_dir / "events" / "episode_finished" / "**" / "*.parquet")
+    episodes = pl.read_parquet(run_dir / "events" / "type=episode_finished" / "**" / "*.parquet")
     by_env = rewards.group_by("round", "env").agg(pl.col("total").sum().alias("sum"))
     joined = episodes.join(by_env, on=["round", "env"])
     assert ((joined["episode_reward"] - joined["sum"]).abs() < 1e-6).all()
@@ -230,7 +230,7 @@ def test_data_error_flushes_and_checkpoints(tmp_path: Path, digits) -> None:
     with pytest.raises(InjectedDataError):
         train(cfg, data=digits, faults=faults)
     run_dir = tmp_path / "t"
-    finished = pl.read_parquet(run_dir / "events" / "run_finished" / "**" / "*.parquet")
+    finished = pl.read_parquet(run_dir / "events" / "type=run_finished" / "**" / "*.parquet")
     assert finished["status"].to_list() == ["failed"]
     assert "InjectedDataError" in finished["error"][0]
     assert (run_dir / "checkpoint.pt").exists()
@@ -239,7 +239,7 @@ def test_data_error_flushes_and_checkpoints(tmp_path: Path, digits) -> None:
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
     # Steps 0-1 of round 1 completed: their reward events are written, the last one too
     # (it waits a step for a possible rollback penalty, and the round died before that).
-    rewards = pl.read_parquet(run_dir / "events" / "reward_computed" / "**" / "*.parquet")
+    rewards = pl.read_parquet(run_dir / "events" / "type=reward_computed" / "**" / "*.parquet")
     late = rewards.filter(pl.col("round") == 1)
     n_envs = cfg.run.n_envs
     assert late.height == 2 * n_envs

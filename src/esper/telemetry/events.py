@@ -18,7 +18,9 @@ import msgspec
 
 from esper.core.enums import TelemetryLevel
 
-SCHEMA_VERSION: Final = 1
+#: 2: run directories use the hive layout ``events/type=<type>/rank=<r>/``; the analysis
+#: layer still reads version 1 (``events/<type>/rank=<r>/``).
+SCHEMA_VERSION: Final = 2
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type"):

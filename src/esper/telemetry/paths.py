@@ -4,7 +4,7 @@ Layout (hive-style, so polars, DuckDB and Spark read a fleet of runs unchanged):
 
     <telemetry_dir>/<run_id>/manifest.json                 rank 0's manifest
     <telemetry_dir>/<run_id>/manifest-rank<r>.json         other ranks' manifests
-    <telemetry_dir>/<run_id>/events/<event_type>/rank=<r>/part-<n>.parquet
+    <telemetry_dir>/<run_id>/events/type=<event_type>/rank=<r>/part-<n>.parquet
 
 A run id becomes a directory name, so it is validated before anything touches the disk:
 no separators, no ``..``, no absolute paths, and the resolved directory (symlinks
@@ -22,6 +22,8 @@ from esper.errors import UserError
 
 RUN_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 EVENTS_DIR: Final = "events"
+#: Prefix of the event-type directories since schema version 2 (hive partitioning).
+TYPE_DIR_PREFIX: Final = "type="
 MANIFEST_NAME: Final = "manifest.json"
 PART_PREFIX: Final = "part-"
 PART_SUFFIX: Final = ".parquet"
@@ -75,8 +77,18 @@ def manifest_paths(run_dir: Path) -> list[Path]:
     return found
 
 
+def type_dir_name(event_type: str) -> str:
+    """``type=<event type>``: hive-style, so readers of ``events/**`` get a ``type`` column."""
+    return f"{TYPE_DIR_PREFIX}{event_type}"
+
+
+def event_type_of(dir_name: str) -> str:
+    """The event type a directory under ``events/`` holds (either layout)."""
+    return dir_name.removeprefix(TYPE_DIR_PREFIX)
+
+
 def type_rank_dir(run_dir: Path, event_type: str, rank: int) -> Path:
-    return run_dir / EVENTS_DIR / event_type / f"rank={rank}"
+    return run_dir / EVENTS_DIR / type_dir_name(event_type) / f"rank={rank}"
 
 
 def part_name(number: int) -> str:

@@ -28,7 +28,13 @@ from esper.telemetry.compaction import (
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
-from esper.telemetry.paths import EVENTS_DIR, list_parts, manifest_path, type_rank_dir
+from esper.telemetry.paths import (
+    EVENTS_DIR,
+    event_type_of,
+    list_parts,
+    manifest_path,
+    type_rank_dir,
+)
 from esper.telemetry.sink import PartSink
 
 
@@ -145,6 +151,6 @@ def _count_rows(run_dir: Path, manifest: Manifest) -> dict[str, int]:
     for part in live_parts(run_dir, [manifest]):
         if part.parent.name != rank_dir:
             continue
-        tag = part.parent.parent.name
+        tag = event_type_of(part.parent.parent.name)
         counts[tag] = counts.get(tag, 0) + pq.read_metadata(part).num_rows
     return dict(sorted(counts.items()))
