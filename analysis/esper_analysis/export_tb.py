@@ -81,8 +81,7 @@ def _seed_counts(run: Run) -> pl.DataFrame:
     seeds = with_stage(seed_lifecycles(run).seeds)
     rounds = sorted(set(seeds["round"].to_list()) | set(_round_times(run)))
     counts = {
-        (int(r), str(s)): int(n)
-        for r, s, n in seeds.group_by("round", "stage").len().iter_rows()
+        (int(r), str(s)): int(n) for r, s, n in seeds.group_by("round", "stage").len().iter_rows()
     }
     return pl.DataFrame(
         [{"round": r, **{s: counts.get((r, s), 0) for s in SEED_STAGES}} for r in rounds],
