@@ -33,6 +33,8 @@ _EPISODE_COLUMNS: Final = (
     "seeds_fossilized",
     "seeds_pruned",
 )
+#: Short names of the late-window means (terminal tables stay narrow).
+_LATE_NAMES: Final = ("reward", "acc", "params_added", "germinated", "fossilized", "pruned")
 #: Paired metrics: (column in episode_finished, label).
 _PAIRED: Final = (("episode_reward", "reward"), ("final_val_acc", "final_acc"))
 #: The summary's "late" window is the last third of each run's rounds.
@@ -87,8 +89,8 @@ def _run_row(label: str, ep: pl.DataFrame) -> dict[str, Any]:
     late = ep.filter(pl.col("round") >= late_from)
     row: dict[str, Any] = {"run": label, "rounds": len(rounds), "late_from_round": late_from}
     row["reward_mean"] = float(ep["episode_reward"].mean())  # type: ignore[arg-type]
-    for col in _EPISODE_COLUMNS:
-        row[f"late_{col}"] = float(late[col].mean())  # type: ignore[arg-type]
+    for col, name in zip(_EPISODE_COLUMNS, _LATE_NAMES, strict=True):
+        row[f"late_{name}"] = float(late[col].mean())  # type: ignore[arg-type]
     return row
 
 

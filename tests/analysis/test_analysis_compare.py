@@ -62,7 +62,7 @@ def test_paired_differences_and_late_window(runs: tuple[Path, Path, Path]) -> No
     assert paired["reward"]["pairs"] == ROUNDS * ENVS and paired["reward"]["rounds_ahead"] == 3
     assert paired["final_acc"]["mean_diff"] == pytest.approx(1.0)
     ref = result.runs.to_dicts()[0]
-    assert ref["late_from_round"] == 2 and ref["late_episode_reward"] == pytest.approx(3.5)
+    assert ref["late_from_round"] == 2 and ref["late_reward"] == pytest.approx(3.5)
     assert result.curves.height == 2 * ROUNDS
 
 
