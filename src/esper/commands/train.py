@@ -124,6 +124,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(default: no report; PATH defaults to <run dir>/report.html)",
     )
     parser.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="multi-process runs (torchrun): seconds a rank waits for the others in a "
+        "collective before the run fails; a dead rank ends all ranks (default: 300)",
+    )
+    parser.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (default: a bar when stderr is a terminal)",
@@ -202,6 +210,8 @@ def _check_cheap_inputs(cfg: Config, args: argparse.Namespace) -> None:
             f"--amp {cfg.run.amp.value}: mixed precision needs a CUDA device, "
             f"but the run is on {cfg.run.device} (use --amp off, or --device cuda)"
         )
+    if not getattr(args, "dist_timeout", 1.0) > 0:
+        raise UserError(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
     faults = [parse_fault(spec) for spec in args.inject_fault]
     check_faults(faults, cfg.run)  # a resume re-checks against its first round
 

@@ -21,6 +21,7 @@ from rich.table import Table
 from esper.config import Config
 from esper.errors import UserError
 from esper.telemetry.writer import TelemetryWriteError
+from esper.training.distributed import DEFAULT_TIMEOUT_S, Collective, init_collective
 from esper.training.faults import FaultPlan, parse_fault
 from esper.training.run import CheckpointLedger, Terminated, TrainResult, train
 from esper.training.trainer import RoundSummary, StepProgress
@@ -67,9 +68,24 @@ class _ProgressView:
 
 
 def run_training(cfg: Config, args: argparse.Namespace) -> int:
+    """One process, or one rank of a torchrun launch (``WORLD_SIZE`` > 1)."""
+    timeout = float(getattr(args, "dist_timeout", DEFAULT_TIMEOUT_S))
+    collective = init_collective(cfg.run.device, timeout_s=timeout)
+    try:
+        return _run_training(cfg, args, collective)
+    finally:
+        if collective is not None:
+            collective.close()
+
+
+def _run_training(cfg: Config, args: argparse.Namespace, collective: Collective | None) -> int:
     console = Console(stderr=True)
+    main = collective is None or collective.is_main
+    if collective is not None and not main:  # say which rank the messages come from
+        console.print(f"rank {collective.rank}/{collective.world_size}", markup=False)
     faults = FaultPlan([parse_fault(s) for s in args.inject_fault])
-    view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())
+    tty = not args.no_progress and sys.stderr.isatty()
+    view = _ProgressView(cfg, console, enabled=main and tty)
     ledger = CheckpointLedger()
     try:
         with view.progress, _sigterm_as_interrupt():
@@ -81,7 +97,10 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
                 resume=args.resume,
                 continue_run=args.continue_run,
                 ledger=ledger,
+                collective=collective,
             )
+        if collective is not None:  # every rank's telemetry closed before the report
+            collective.barrier()
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         console.print(
@@ -110,6 +129,8 @@ def run_training(cfg: Config, args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     out = Console()
+    if not main:
+        return 0
     _print_summary(result, out)
     if args.report is not None:
         _write_report(result, args.report, out)

@@ -349,12 +349,14 @@ def open_run(
     parent_run_id: str = "",
     resume: bool = False,
     sink: PartSink | None = None,
+    world_size: int = 1,
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
     ``resume=True`` continues an existing run: ``seq`` restarts at ``start_seq`` (the
     checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
+    ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
 
     The run's writer lock (:mod:`esper.telemetry.lock`) is taken first and held until
     :meth:`TelemetryHub.close`: while another live process writes the run (rank), this
@@ -381,6 +383,7 @@ def open_run(
             parent_run_id=parent_run_id,
             resume=resume,
             sink=sink or ParquetSink(),
+            world_size=world_size,
         )
     except BaseException:
         run_lock.release()
@@ -402,6 +405,7 @@ def _open_locked(
     parent_run_id: str,
     resume: bool,
     sink: PartSink,
+    world_size: int = 1,
 ) -> TelemetryHub:
     """:func:`open_run` once the writer lock is held: prepare the directory, start."""
     if resume:
@@ -424,6 +428,7 @@ def _open_locked(
             level=_level_name(level),
             flush_interval_s=flush_interval_s,
             first_seq=start_seq,
+            world_size=world_size,
         )
         prepare_new(run_dir, manifest)
     writer = EventWriter(

@@ -66,6 +66,8 @@ class ResumeRecord(msgspec.Struct, kw_only=True):
 class Manifest(msgspec.Struct, kw_only=True):
     run_id: str
     rank: int
+    #: Ranks (processes) of the run; each writes its own manifest and partitions.
+    world_size: int = 1
     schema_version: int
     config_hash: str
     parent_run_id: str
@@ -96,11 +98,13 @@ def new_manifest(
     level: str,
     flush_interval_s: float,
     first_seq: int,
+    world_size: int = 1,
 ) -> Manifest:
     now = time.time_ns()
     return Manifest(
         run_id=run_id,
         rank=rank,
+        world_size=world_size,
         schema_version=schema_version,
         config_hash=config_hash,
         parent_run_id=parent_run_id,

@@ -52,16 +52,20 @@ def make_seed_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimiz
 class EnvFactory:
     """Creates the envs of each round from the config and the task."""
 
-    def __init__(self, cfg: Config, spec: TaskSpec) -> None:
+    def __init__(self, cfg: Config, spec: TaskSpec, *, env_offset: int = 0) -> None:
         self.cfg = cfg
         self.spec = spec
         self.devices = resolve_env_devices(cfg)
+        #: Global index of the first env (multi-rank runs: rank * n_envs).
+        self.env_offset = env_offset
 
     def create_round(self, rnd: int) -> list[EnvState]:
         return [self.create_env(rnd, i) for i in range(self.cfg.run.n_envs)]
 
-    def create_env(self, rnd: int, index: int) -> EnvState:
-        device = self.devices[index]
+    def create_env(self, rnd: int, local: int) -> EnvState:
+        """Env ``local`` of this process; seeded and named by its global index."""
+        device = self.devices[local]
+        index = self.env_offset + local
         model = build_model(
             self.cfg.host,
             self.spec,

@@ -24,6 +24,7 @@ from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNo
 from esper.training.ppo import PPOUpdater
 
 if TYPE_CHECKING:
+    from esper.training.distributed import Collective
     from esper.training.trainer import Decision
 
 #: Offset that separates the policy-sampling stream from every other seeded stream.
@@ -36,7 +37,14 @@ def resolve_amp(cfg: Config, device: torch.device) -> AmpMode:
 
 
 class Learner:
-    def __init__(self, cfg: Config, space: ActionSpace, policy: Policy) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        space: ActionSpace,
+        policy: Policy,
+        *,
+        collective: Collective | None = None,
+    ) -> None:
         self.cfg = cfg
         self.space = space
         self.policy = policy
@@ -64,8 +72,11 @@ class Learner:
                 device=self.device,
             )
             self.updater = PPOUpdater(
-                policy, cfg.ppo, value_normalizer=self.value_norm, seed=cfg.run.seed
-            )
+                policy, cfg.ppo, value_normalizer=self.value_norm, seed=cfg.run.seed,
+                sync=collective,
+            )  # fmt: skip
+        if collective is not None:
+            collective.attach(self)
 
     # ------------------------------------------------------------------ rollout
     def begin_round(self, n_envs: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ tensors only, so checkpoints load with ``torch.load(..., weights_only=True)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +20,11 @@ DEFAULT_EPSILON = 1e-8
 REWARD_CLIP = 10.0
 
 _STAT_DTYPE = torch.float64  # statistics accumulate in float64: counts reach millions
+
+#: Multi-rank runs: (count, mean, var) of a local batch -> those of all ranks' batches.
+MomentMerge = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+#: Multi-rank runs: (count, mean) of a local batch -> those of all ranks' batches.
+MeanMerge = Callable[[int, Tensor], tuple[Tensor, Tensor]]
 
 
 class RunningMeanStd:
@@ -46,6 +51,9 @@ class RunningMeanStd:
         self.var = torch.ones(self.shape, dtype=_STAT_DTYPE, device=self.device)
         self.count = torch.zeros((), dtype=_STAT_DTYPE, device=self.device)
         self.frozen = False
+        #: Set by a multi-rank run (esper.training.distributed) so every rank merges
+        #: the same global batch statistics; None: this process's batch only.
+        self.merge: MomentMerge | None = None
 
     def freeze(self) -> None:
         self.frozen = True
@@ -69,6 +77,8 @@ class RunningMeanStd:
             return
         b_mean = batch.mean(dim=0)
         b_var = batch.var(dim=0, unbiased=False)
+        if self.merge is not None:
+            b_count, b_mean, b_var = self.merge(b_count, b_mean, b_var)  # type: ignore[assignment]
         total = self.count + b_count
         delta = b_mean - self.mean
         new_mean = self.mean + delta * (b_count / total)
@@ -196,15 +206,19 @@ class ValueNormalizer:
         self.device = torch.device(device)
         self.second_moment = torch.ones((), dtype=_STAT_DTYPE, device=self.device)
         self.count = torch.zeros((), dtype=_STAT_DTYPE, device=self.device)
+        #: Multi-rank runs: merges the batch's (count, mean square) over the ranks.
+        self.merge: MeanMerge | None = None
 
     def update(self, returns: Tensor) -> None:
         x = returns.detach().to(device=self.device, dtype=_STAT_DTYPE).reshape(-1)
         if x.numel() == 0:
             return
-        total = self.count + x.numel()
-        self.second_moment = self.second_moment + (x.square().mean() - self.second_moment) * (
-            x.numel() / total
-        )
+        n: int | Tensor = x.numel()
+        mean_sq = x.square().mean()
+        if self.merge is not None:
+            n, mean_sq = self.merge(x.numel(), mean_sq)
+        total = self.count + n
+        self.second_moment = self.second_moment + (mean_sq - self.second_moment) * (n / total)
         self.count = total
 
     @property

@@ -49,6 +49,14 @@ VALUE_LOSS_SCALE = 0.5
 MINIBATCH_SEED_STRIDE = 1_000_003
 
 
+class UpdateSync(Protocol):
+    """Multi-rank runs (:mod:`esper.training.distributed`): what keeps replicas equal."""
+
+    def average_grads(self, params: Any, scalars: Tensor) -> Tensor: ...
+
+    def all_true(self, flag: Tensor) -> Tensor: ...
+
+
 class RecurrentActorCritic(Protocol):
     """What the update needs from a policy network (an ``nn.Module``)."""
 
@@ -136,6 +144,7 @@ class PPOUpdater:
         *,
         value_normalizer: ValueNormalizer,
         seed: int = 0,
+        sync: UpdateSync | None = None,
     ) -> None:
         if not hasattr(policy, "evaluate_actions"):
             raise TypeError("PPOUpdater needs a policy with evaluate_actions()")
@@ -143,6 +152,9 @@ class PPOUpdater:
         self.cfg = cfg
         self.seed = seed
         self.value_normalizer = value_normalizer
+        #: Multi-rank: gradients (with the loss and KL that gate the update) averaged
+        #: over ranks before clipping, so every replica takes the same step.
+        self.sync = sync
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=ADAM_EPS)
         self._relevance: Tensor | None = None
 
@@ -229,7 +241,8 @@ class PPOUpdater:
                 for t in (buf.advantages, buf.returns, buf.values, buf.log_probs, buf.obs)
             ]
         )
-        return bool(checks.all())  # one transfer, before anything is modified
+        ok = checks.all() if self.sync is None else self.sync.all_true(checks.all())
+        return bool(ok)  # one transfer, before anything is modified
 
     def _snapshot(self) -> dict[str, Any]:
         return {
@@ -296,6 +309,10 @@ class PPOUpdater:
                 st = self._minibatch(chunks, idx, coef, loss_hook)
                 self.optimizer.zero_grad(set_to_none=True)
                 torch.autograd.backward(st.loss)
+                if self.sync is not None:
+                    st.loss, st.kl = self.sync.average_grads(
+                        self.policy.parameters(), torch.stack([st.loss.detach(), st.kl])
+                    )
                 params = self.policy.parameters()
                 grad_norm = nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
                 loss_v, kl_v, gn_v = torch.stack([st.loss.detach(), st.kl, grad_norm]).tolist()

@@ -10,15 +10,20 @@ them and replays the round exactly as an uninterrupted run would).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import platform
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 import esper
 from esper.config import Config, ConfigError, with_overrides
@@ -34,6 +39,13 @@ from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.telemetry.resume import check_new_run_dir
 from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
+from esper.training.distributed import (
+    Collective,
+    RankHub,
+    check_world_size,
+    rank_device,
+    rank_path,
+)
 from esper.training.faults import FaultPlan, check_faults
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
@@ -133,18 +145,27 @@ def train(
     resume: str | Path | None = None,
     continue_run: bool = False,
     ledger: CheckpointLedger | None = None,
+    collective: Collective | None = None,
 ) -> TrainResult:
     """Train (PPO or heuristic, per ``config.policy.kind``) and return a summary.
 
     ``ledger`` (optional) is kept pointing at the last good checkpoint, for callers that
-    report on an interrupted or failed run.
+    report on an interrupted or failed run. ``collective`` makes this process one rank
+    of a multi-process run (:mod:`esper.training.distributed`); checkpoint paths
+    (``save``, ``resume``) name rank 0's file, rank r uses ``<stem>-rank<r>.pt``.
     """
+    rank = collective.rank if collective is not None else 0
+    if collective is not None:
+        config = with_overrides(config, {"run.device": rank_device(config.run.device, collective)})
+        resume = rank_path(Path(resume), rank) if resume is not None else None
     cfg = resolve_device(config)
     if continue_run and resume is None:
         raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     state = load_checkpoint(resume, cfg) if resume is not None else None
+    if state is not None:
+        check_world_size(state, resume, collective)
     start = int(state["next_round"]) if state is not None else 0
     _check_rounds_left(cfg, start, resume)
     if faults is not None:
@@ -153,13 +174,20 @@ def train(
     if state is not None and resume is not None:
         ledger.path, ledger.next_round = Path(resume), start
     run_id, parent = _run_identity(cfg, state, continue_run)
+    if collective is not None:  # the default id has a timestamp: rank 0's is the run's
+        run_id = collective.broadcast_str(run_id)
     cfg = with_overrides(cfg, {"run.run_id": run_id})
     if telemetry is None:
-        _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None)
+        _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None, rank=rank)
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
     _check_envs_fit(cfg, data)
     space = action_space_for(cfg, data)
-    learner = Learner(cfg, space, policy if policy is not None else build_policy(cfg, space))
+    learner = Learner(
+        cfg,
+        space,
+        policy if policy is not None else build_policy(cfg, space),
+        collective=collective,
+    )
     start_round = start
     if state is not None:
         try:
@@ -170,10 +198,18 @@ def train(
                 f"({type(exc).__name__}: {exc})"
             ) from None
     hub = (
-        telemetry if telemetry is not None else _open_hub(cfg, run_id, parent, state, continue_run)
+        telemetry
+        if telemetry is not None
+        else _open_hub(cfg, run_id, parent, state, continue_run, collective=collective)
     )
+    if collective is not None:
+        hub = RankHub(hub, rank=rank)
     try:
-        trainer = _start_run(cfg, hub, data, learner, faults, progress, parent, start_round)
+        trainer = VectorizedTrainer(
+            cfg, hub=hub, task=data, learner=learner, faults=faults, progress=progress,
+            collective=collective,
+        )  # fmt: skip
+        hub.emit(_run_started(cfg, learner, parent, start_round))
         if state is not None and resume is not None:
             hub.emit(
                 ev.CheckpointLoaded(
@@ -191,7 +227,7 @@ def train(
         raise
     run_dir = getattr(hub, "run_dir", None)
     ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
-    saver = _Saver(cfg, learner, hub, ckpt_path, ledger)
+    saver = _Saver(cfg, learner, hub, rank_path(ckpt_path, rank), ledger, collective)
     return _run_rounds(cfg, trainer, saver, start_round, run_dir)
 
 
@@ -203,23 +239,6 @@ def _check_rounds_left(cfg: Config, start: int, resume: str | Path | None) -> No
             f"the total number of rounds) is {cfg.run.rounds}: nothing is left to run; "
             f"pass --rounds greater than {start}"
         )
-
-
-def _start_run(
-    cfg: Config,
-    hub: Hub,
-    data: TaskData,
-    learner: Learner,
-    faults: FaultPlan | None,
-    progress: ProgressFn | None,
-    parent: str,
-    start_round: int,
-) -> VectorizedTrainer:
-    trainer = VectorizedTrainer(
-        cfg, hub=hub, task=data, learner=learner, faults=faults, progress=progress
-    )
-    hub.emit(_run_started(cfg, learner, parent, start_round))
-    return trainer
 
 
 def _run_rounds(
@@ -237,6 +256,8 @@ def _run_rounds(
     try:
         for rnd in range(start_round, cfg.run.rounds):
             trainer.run_round(rnd)
+            if trainer.collective is not None and isinstance(trainer.learner.policy, nn.Module):
+                trainer.collective.check_replicas(trainer.learner.policy)
             next_round = rnd + 1
             every = cfg.run.checkpoint_every
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
@@ -249,24 +270,26 @@ def _run_rounds(
         raise
     finally:
         wall = time.perf_counter() - t0
-        env_steps = trainer.state.env_steps
-        try:  # a failed telemetry writer makes these emits raise: still close the hub
-            if status != RunStatus.FINISHED:
-                saver.save_pending_quietly()
-            hub.emit(
-                ev.RunFinished(
-                    status=status.value,
-                    rounds_completed=next_round - start_round,
-                    env_steps=env_steps,
-                    wall_s=wall,
-                    eps=env_steps / wall if wall > 0 else 0.0,
-                    events_emitted=hub.events_emitted + 1,
-                    rollbacks=trainer.state.rollbacks,
-                    error=error,
+        # Multi-rank: every rank steps the same envs per step in lockstep.
+        env_steps = trainer.state.env_steps * saver.world_size
+        with _sigterm_ignored():  # torchrun SIGTERMs every rank once one fails
+            try:  # a failed telemetry writer makes these emits raise: still close the hub
+                if status != RunStatus.FINISHED:
+                    saver.save_pending_quietly()
+                hub.emit(
+                    ev.RunFinished(
+                        status=status.value,
+                        rounds_completed=next_round - start_round,
+                        env_steps=env_steps,
+                        wall_s=wall,
+                        eps=env_steps / wall if wall > 0 else 0.0,
+                        events_emitted=hub.events_emitted + 1,
+                        rollbacks=trainer.state.rollbacks,
+                        error=error,
+                    )
                 )
-            )
-        finally:
-            hub.close(status, error)
+            finally:
+                hub.close(status, error)
     return TrainResult(
         run_id=cfg.run.run_id,
         run_dir=run_dir,
@@ -279,6 +302,24 @@ def _run_rounds(
         checkpoint=saver.path if saver.path.exists() else None,
         rounds=trainer.state.round_summaries,
     )
+
+
+@contextlib.contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """The run is ending: its last checkpoint and telemetry close must not be cut short.
+
+    A SIGTERM now (torchrun sends one to every rank as soon as one rank fails, usually
+    while the others are closing after the failed collective) would leave the run
+    half-closed; it is ignored until the hub is closed. SIGKILL still works.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt_reason(exc: KeyboardInterrupt) -> str:
@@ -309,20 +350,28 @@ def _free_run_id(cfg: Config, base: str) -> str:
     return candidate
 
 
-def _check_telemetry_dir(cfg: Config, run_id: str, *, resumed: bool) -> None:
+def _check_telemetry_dir(cfg: Config, run_id: str, *, resumed: bool, rank: int = 0) -> None:
     """Fail on an unusable run directory before the (possibly slow) data load."""
     if cfg.telemetry.level_enum != TelemetryLevel.OFF and not resumed:
-        check_new_run_dir(resolve_run_dir(cfg.telemetry.dir, run_id), run_id=run_id)
+        check_new_run_dir(resolve_run_dir(cfg.telemetry.dir, run_id), run_id=run_id, rank=rank)
 
 
 def _open_hub(
-    cfg: Config, run_id: str, parent: str, state: dict[str, Any] | None, continue_run: bool
+    cfg: Config,
+    run_id: str,
+    parent: str,
+    state: dict[str, Any] | None,
+    continue_run: bool,
+    *,
+    collective: Collective | None = None,
 ) -> Hub:
     start_seq = int(state["seq_position"]) if state is not None and continue_run else 0
     hub = open_run(
         cfg.telemetry.dir,
         run_id,
         level=cfg.telemetry.level_enum,
+        rank=collective.rank if collective is not None else 0,
+        world_size=collective.world_size if collective is not None else 1,
         config_hash=cfg.fingerprint(),
         flush_interval_s=cfg.telemetry.flush_interval_s,
         queue_capacity=cfg.telemetry.queue_capacity,
@@ -351,9 +400,17 @@ class _Saver:
     """
 
     def __init__(
-        self, cfg: Config, learner: Learner, hub: Hub, path: Path, ledger: CheckpointLedger
+        self,
+        cfg: Config,
+        learner: Learner,
+        hub: Hub,
+        path: Path,
+        ledger: CheckpointLedger,
+        collective: Collective | None = None,
     ) -> None:
         self.cfg, self.learner, self.hub, self.path, self.ledger = cfg, learner, hub, path, ledger
+        self.world_size = collective.world_size if collective is not None else 1
+        self.rank = collective.rank if collective is not None else 0
         self.pending: _RoundEnd | None = None
 
     def round_completed(self, next_round: int, *, save_now: bool) -> None:
@@ -398,6 +455,8 @@ class _Saver:
                     "compat": compat_fingerprint(self.cfg),
                     "learner": end.learner,
                     "torch_rng": end.torch_rng,
+                    "world_size": self.world_size,
+                    "rank": self.rank,
                 },
             )
         except CheckpointSaveError as exc:

@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +60,9 @@ from esper.training.faults import FaultPlan, InjectedDataError
 from esper.training.learner import Learner
 from esper.training.rewards import compute_reward
 from esper.training.step_rewards import build_reward_inputs
+
+if TYPE_CHECKING:
+    from esper.training.distributed import Collective
 
 
 @dataclass
@@ -131,29 +135,24 @@ class VectorizedTrainer:
         learner: Learner,
         faults: FaultPlan | None = None,
         progress: ProgressFn | None = None,
+        collective: Collective | None = None,
     ) -> None:
         self.cfg = cfg
+        #: Multi-rank runs: this rank's envs are global envs offset .. offset+n_envs-1.
+        self.collective = collective
         self.hub = hub
         self.task = task
         self.learner = learner
         self.faults = faults or FaultPlan()
         self.progress = progress
-        self.factory = EnvFactory(cfg, task.spec)
+        offset = collective.env_offset(cfg.run.n_envs) if collective is not None else 0
+        self.factory = EnvFactory(cfg, task.spec, env_offset=offset)
         self.space: ActionSpace = learner.space
         self.device = learner.device
         self.n_envs = cfg.run.n_envs
         self.horizon = cfg.run.episode_length
         self.opts = PassOptions(amp=learner.resolved_amp, channels_last=cfg.task.channels_last)
-        self.iterator = SharedBatchIterator(
-            task.train_x,
-            task.train_y,
-            n_envs=self.n_envs,
-            batch_size=cfg.task.batch_size,
-            seed=cfg.run.seed,
-            samples_per_env=cfg.task.train_samples_per_env,
-            device=self.factory.devices[0],
-            channels_last=cfg.task.channels_last,
-        )
+        self.iterator = self._batch_iterator(task)
         self.val = val_batches(
             task.val_x,
             task.val_y,
@@ -169,6 +168,29 @@ class VectorizedTrainer:
             hub, base=cfg.telemetry.level_enum, rounds=cfg.telemetry.escalation_rounds
         )
         self.state = TrainerState()
+
+    def _batch_iterator(self, task: TaskData) -> SharedBatchIterator:
+        """This process's envs' data; multi-rank: its rows of the global split."""
+        cfg, world = self.cfg, self.collective.world_size if self.collective else 1
+        kwargs: dict[str, Any] = dict(
+            batch_size=cfg.task.batch_size,
+            seed=cfg.run.seed,
+            samples_per_env=cfg.task.train_samples_per_env,
+            device=self.factory.devices[0],
+            channels_last=cfg.task.channels_last,
+        )
+        if world == 1:
+            return SharedBatchIterator(task.train_x, task.train_y, n_envs=self.n_envs, **kwargs)
+        from esper.training.distributed import RankShardIterator
+
+        return RankShardIterator(
+            task.train_x,
+            task.train_y,
+            n_envs=self.n_envs,
+            env_offset=self.factory.env_offset,
+            n_global=self.n_envs * world,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ the loop
     def run_round(self, rnd: int) -> RoundSummary:
@@ -270,7 +292,7 @@ class VectorizedTrainer:
         reason, threshold = panic
         penalty = env.governor.penalty
         affected = self.learner.rollback_transitions(
-            env.index, env.governor.snapshot_step, step, penalty
+            env.index - self.factory.env_offset, env.governor.snapshot_step, step, penalty
         )
         record = env.governor.rollback(
             step,
@@ -440,12 +462,20 @@ class VectorizedTrainer:
         for env in envs:
             self._emit_episode(env, rnd)
         wall = time.perf_counter() - t_start
+        totals = [
+            sum(e.stats.reward_sum for e in envs),
+            sum(e.val_acc for e in envs),
+            sum(e.stats.rollbacks for e in envs),
+            len(envs),
+        ]
+        if self.collective is not None:  # the round over all ranks' envs
+            totals = self.collective.sum_floats(totals)
         summary = RoundSummary(
             rnd=rnd,
-            mean_reward=sum(e.stats.reward_sum for e in envs) / len(envs),
-            mean_final_acc=sum(e.val_acc for e in envs) / len(envs),
-            rollbacks=sum(e.stats.rollbacks for e in envs),
-            eps=self.n_envs * self.horizon / wall if wall > 0 else 0.0,
+            mean_reward=totals[0] / totals[3],
+            mean_final_acc=totals[1] / totals[3],
+            rollbacks=int(totals[2]),
+            eps=totals[3] * self.horizon / wall if wall > 0 else 0.0,
             wall_s=wall,
         )
         self.hub.emit(self._round_finished(summary, times))

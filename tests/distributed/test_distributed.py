@@ -1,0 +1,211 @@
+"""Multi-process training on CPU with gloo: 2 ranks launched by torchrun, kept tiny.
+
+Each launch takes ~10-25 s on the 2-core development VM, so runs are shared between
+tests through module-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from esper.training.checkpoint import read_checkpoint
+from esper_analysis import load_run
+from esper_analysis.counts import event_counts
+
+WORKER = Path(__file__).with_name("_worker.py")
+#: A launch must end well inside this (a hang is the failure these tests guard against).
+LAUNCH_TIMEOUT_S = 240
+#: Max |w_2rank - w_1rank| over all policy weights after the first PPO update (float32
+#: gradients summed in a different order; measured 9e-8).
+WEIGHT_ATOL = 1e-5
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed not built"
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``python -m torch.distributed.run --nproc_per_node=2 -m esper train``: 2 x 2 envs."""
+    root = tmp_path_factory.mktemp("dist")
+    proc = _run(
+        _torchrun(
+            "-m", "esper", "train", "--envs", "2", "--rounds", "2", "--episode-length", "4",
+            "--seed", "0", "--telemetry-dir", "runs", "--run-id", "two", "--no-progress",
+        ),
+        root,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "runs" / "two"
+
+
+def _parquet(run_dir: Path, event_type: str) -> pl.DataFrame:
+    return pl.read_parquet(run_dir / "events" / f"type={event_type}" / "*" / "*.parquet")
+
+
+def test_two_rank_run_completes_with_identical_replicas(cli_run: Path) -> None:
+    rank0 = read_checkpoint(cli_run / "checkpoint.pt")
+    rank1 = read_checkpoint(cli_run / "checkpoint-rank1.pt")
+    assert (rank0["world_size"], rank0["rank"], rank1["rank"]) == (2, 0, 1)
+    assert rank0["next_round"] == rank1["next_round"] == 2
+    policy0, policy1 = rank0["learner"]["policy"], rank1["learner"]["policy"]
+    assert policy0.keys() == policy1.keys()
+    for key in policy0:
+        assert torch.equal(policy0[key], policy1[key]), key
+    for norm in ("obs_norm", "reward_norm", "value_norm"):  # merged, not per rank
+        for key, value in rank0["learner"][norm].items():
+            assert torch.equal(value, rank1["learner"][norm][key]), (norm, key)
+    # Each rank samples from its own stream.
+    assert not torch.equal(rank0["learner"]["generator"], rank1["learner"]["generator"])
+
+
+def test_each_rank_writes_its_own_contiguous_partitions(cli_run: Path) -> None:
+    manifests = {
+        r: json.loads((cli_run / name).read_text())
+        for r, name in ((0, "manifest.json"), (1, "manifest-rank1.json"))
+    }
+    assert {m["world_size"] for m in manifests.values()} == {2}
+    frames = [
+        pl.read_parquet(p, hive_partitioning=False).select("rank", "seq")
+        for p in (cli_run / "events").glob("type=*/rank=*/*.parquet")
+    ]
+    seqs = pl.concat(frames)
+    for rank, manifest in manifests.items():
+        got = sorted(seqs.filter(pl.col("rank") == rank)["seq"].to_list())
+        assert got == list(range(manifest["last_seq"] + 1)), rank
+        assert manifest["status"] == "finished"
+    steps = _parquet(cli_run, "env_step")
+    assert sorted(steps.unique(["rank", "env"]).select("rank", "env").rows()) == [
+        (0, 0), (0, 1), (1, 2), (1, 3),
+    ]  # fmt: skip
+    for run_level in ("run_started", "run_finished", "round_finished", "ppo_update"):
+        assert set(_parquet(cli_run, run_level)["rank"].to_list()) == {0}, run_level
+    assert _parquet(cli_run, "run_finished")["env_steps"].to_list() == [2 * 2 * 2 * 4]
+
+
+def test_analysis_counts_are_the_sum_over_ranks(cli_run: Path) -> None:
+    run = load_run(cli_run)
+    assert not run.degraded
+    counts = event_counts(run)
+    summed: dict[str, int] = {}
+    for name in ("manifest.json", "manifest-rank1.json"):
+        for event_type, n in json.loads((cli_run / name).read_text())["counts"].items():
+            summed[event_type] = summed.get(event_type, 0) + n
+    got = {row["type"]: row["events"] for row in counts.by_type.iter_rows(named=True)}
+    assert got == {t: n for t, n in summed.items() if n}
+    assert got["episode_finished"] == 2 * 2 * 2  # rounds x ranks x envs
+
+
+def test_resume_with_another_world_size_is_refused(cli_run: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "esper", "train", "--resume", str(cli_run / "checkpoint.pt"),
+         "--rounds", "3", "--telemetry-dir", str(tmp_path), "--no-progress"],
+        env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "written by a run with 2 rank(s)" in proc.stderr
+    assert "this run has 1" in proc.stderr
+
+
+def test_two_ranks_of_n_envs_update_like_one_rank_of_2n(tmp_path: Path) -> None:
+    """Same host seeds, data shards and (greedy) actions: the same first PPO update."""
+    worker = [str(WORKER), "--dir", str(tmp_path), "--rounds", "1"]
+    one = _run([sys.executable, *worker, "--run-id", "one", "--envs", "4"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _run(_torchrun(*worker, "--run-id", "two", "--envs", "2"), tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    rewards = [
+        _parquet(tmp_path / run, "reward_computed").sort("env", "step")
+        for run in ("one", "two")
+    ]
+    assert rewards[0]["total"].to_list() == rewards[1]["total"].to_list()
+    assert rewards[0]["normalized"].to_list() == pytest.approx(
+        rewards[1]["normalized"].to_list(), rel=1e-6
+    )
+    w1 = read_checkpoint(tmp_path / "one" / "checkpoint.pt")["learner"]["policy"]
+    w2 = read_checkpoint(tmp_path / "two" / "checkpoint.pt")["learner"]["policy"]
+    diff = max(float((w1[k].double() - w2[k].double()).abs().max()) for k in w1)
+    changed = max(float((w1[k].double()).abs().max()) for k in w1)
+    assert diff < WEIGHT_ATOL and changed > 0
+    ppo = [_parquet(tmp_path / run, "ppo_update") for run in ("one", "two")]
+    assert ppo[0]["approx_kl"][0] == pytest.approx(ppo[1]["approx_kl"][0], rel=1e-4)
+    assert ppo[0]["grad_norm"][0] == pytest.approx(ppo[1]["grad_norm"][0], rel=1e-4)
+
+
+def test_an_error_on_one_rank_ends_both(tmp_path: Path) -> None:
+    """Rank 1's data loader fails in round 1: both ranks stop, round 0 stays resumable."""
+    t0 = time.monotonic()
+    proc = _run(
+        _torchrun(str(WORKER), "--dir", str(tmp_path), "--run-id", "err", "--envs", "1",
+                  "--rounds", "2", "--fail-rank", "1", "--timeout", "60"),
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < LAUNCH_TIMEOUT_S
+    assert "InjectedDataError" in proc.stderr
+    _check_ended_readable(tmp_path / "err", failed_rank=1)
+
+
+def test_killing_one_rank_ends_both_with_a_readable_run(tmp_path: Path) -> None:
+    """kill -9 of rank 1 mid-run: rank 0 is stopped too (no hang), its checkpoint loads."""
+    run_dir = tmp_path / "runs" / "kill"
+    cmd = _torchrun(
+        "-m", "esper", "train", "--envs", "1", "--rounds", "50", "--episode-length", "3",
+        "--telemetry-dir", "runs", "--run-id", "kill", "--no-progress", "--dist-timeout", "60",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not (run_dir / "checkpoint-rank1.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.2)
+        pid = json.loads((run_dir / "manifest-rank1.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, err[-2000:]
+    _check_ended_readable(run_dir, failed_rank=1)
+
+
+def _check_ended_readable(run_dir: Path, *, failed_rank: int) -> None:
+    manifests = {
+        0: json.loads((run_dir / "manifest.json").read_text()),
+        1: json.loads((run_dir / "manifest-rank1.json").read_text()),
+    }
+    assert manifests[0]["status"] in ("failed", "interrupted"), manifests[0]["status"]
+    run = load_run(run_dir)
+    assert run.status.value in ("failed", "interrupted", "crashed")
+    assert event_counts(run).by_type.height > 0
+    state = read_checkpoint(run_dir / "checkpoint.pt")
+    assert state["next_round"] >= 1 and state["world_size"] == 2
+    assert failed_rank == 1
