@@ -97,6 +97,8 @@ def rule_for(event_type: str, rules: dict[str, Rule] | None = None) -> Rule:
 def fingerprint(run: Run) -> dict[str, Any]:
     """Configuration fingerprint: run_started fields (manifest config hash as fallback)."""
     fp: dict[str, Any] = {"config_hash": run.config_hash or None}
+    world = run.manifest.get("world_size") if run.manifests else None
+    fp["world_size"] = world if isinstance(world, int) else 1  # processes (ranks)
     if run.rows_on_disk("run_started"):
         row = run.scan("run_started").select(FINGERPRINT_FIELDS).collect().row(0, named=True)
         fp.update({k: v for k, v in row.items() if v is not None and v != ""})
@@ -125,6 +127,7 @@ def capture_baseline(run: Run, counts: Counts | None = None) -> dict[str, Any]:
         "counts": {t: int(n) for t, n in totals.items()},
         "by_round": _nested(counts.by_round, "round"),
         "by_env": _nested(counts.by_env, "env"),
+        "by_rank": _nested(counts.by_rank, "rank"),
         "rules": {t: dataclasses.asdict(r) for t, r in sorted(DEFAULT_RULES.items())},
     }
 
@@ -183,6 +186,8 @@ class BaselineCheck(AnalysisResult):
     ok: bool
     drifted_types: list[str]
     fingerprint_drift: list[str]
+    #: Ranks (processes) whose counts differ from the baseline's for that rank.
+    drifted_ranks: list[int]
     run_id: str
     baseline_run_id: str
 
@@ -194,6 +199,8 @@ class BaselineCheck(AnalysisResult):
         if self.fingerprint_drift:
             parts.append(f"config fingerprint ({', '.join(self.fingerprint_drift)})")
         parts.extend(self.drifted_types)
+        if self.drifted_ranks:
+            parts.append(f"on rank(s) {', '.join(map(str, self.drifted_ranks))}")
         return f"run {self.run_id} drifted from baseline: {', '.join(parts)}"
 
 
@@ -218,6 +225,10 @@ _TYPES_SCHEMA: Final = pl.Schema(
         "status": pl.String,
     }
 )
+
+
+#: Per-dimension count tables a baseline compares for exact types.
+_BREAKDOWNS: Final = ("by_round", "by_env", "by_rank")
 
 
 def _breakdown_drift(
@@ -287,13 +298,15 @@ def check_baseline(
                 }
             )
         if rule.kind == "exact":
-            for dim in ("by_round", "by_env"):
+            # by_rank: which process of a multi-rank run drifted (absent from baselines
+            # captured before ranks were recorded: not compared there).
+            for dim in [d for d in _BREAKDOWNS if d in baseline or d != "by_rank"]:
+                expected = (baseline.get(dim) or {}).get(event_type, {})
+                got_dim = current[dim].get(event_type, {})
+                if dim == "by_rank" and set(expected) | set(got_dim) <= {"0"}:
+                    continue  # one process: the total says it all
                 rows += _breakdown_drift(
-                    event_type,
-                    dim.removeprefix("by_"),
-                    (baseline.get(dim) or {}).get(event_type, {}),
-                    current[dim].get(event_type, {}),
-                    rule.describe(),
+                    event_type, dim.removeprefix("by_"), expected, got_dim, rule.describe()
                 )
         if rows:
             drifted.append(event_type)
@@ -315,6 +328,7 @@ def check_baseline(
         ok=not drift,
         drifted_types=drifted,
         fingerprint_drift=fingerprint_keys,
+        drifted_ranks=sorted({int(r["key"]) for r in drift if r["dimension"] == "rank"}),
         run_id=run.run_id,
         baseline_run_id=str(baseline.get("run_id", "")),
     )

@@ -24,6 +24,7 @@ class Counts(AnalysisResult):
         "by_round": "Events by type and round",
         "by_env": "Events by type and env",
         "by_step": "Events by type and step within the episode",
+        "by_rank": "Events by type and rank (process)",
     }
     #: By-round/env/step are long: people get the per-type table (JSON has them all).
     TEXT_SKIP: ClassVar[frozenset[str]] = frozenset({"by_round", "by_step"})
@@ -32,6 +33,8 @@ class Counts(AnalysisResult):
     by_round: pl.DataFrame
     by_env: pl.DataFrame
     by_step: pl.DataFrame
+    #: Per process of a multi-rank run (torchrun); one rank, 0, otherwise.
+    by_rank: pl.DataFrame
     total: int
     env_steps: int | None
 
@@ -42,7 +45,7 @@ class Counts(AnalysisResult):
 
 
 #: The envelope columns counted per value (each gives one breakdown table).
-_DIMENSIONS: Final = ("round", "env", "step")
+_DIMENSIONS: Final = ("round", "env", "step", "rank")
 
 
 def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +131,7 @@ def event_counts(run: Run) -> Counts:
         by_round=tables["round"],
         by_env=tables["env"],
         by_step=tables["step"],
+        by_rank=tables["rank"],
         total=int(by_type["events"].sum()),
         env_steps=env_steps,
     )

@@ -59,6 +59,7 @@ def check_run_integrity(run: Run) -> list[str]:
             )
         if degraded:
             notes.append(f"degraded read of {where}: {'; '.join(degraded)}")
+    notes += _missing_ranks(run)
     orphans = sorted({f.rank for fs in run.files.values() for f in fs} - set(run.manifests))
     if run.manifests and orphans:
         notes.append(
@@ -66,6 +67,20 @@ def check_run_integrity(run: Run) -> list[str]:
             "manifest, so their counts cannot be checked"
         )
     return notes
+
+
+def _missing_ranks(run: Run) -> list[str]:
+    """A multi-process run records its world size: a rank with no manifest lost its
+    telemetry (never started, or its files were removed), so the totals are short."""
+    sizes = [m.get("world_size") for m in run.manifests.values()]
+    world = max([w for w in sizes if isinstance(w, int)], default=1)
+    missing = sorted(set(range(world)) - set(run.manifests))
+    if not missing:
+        return []
+    return [
+        f"degraded read of run {run.run_id!r}: world size {world}, but rank(s) {missing} "
+        "have no manifest, so their events are missing from every total"
+    ]
 
 
 def _relative(run: Run, path: Path) -> str:

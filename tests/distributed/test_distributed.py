@@ -209,3 +209,56 @@ def _check_ended_readable(run_dir: Path, *, failed_rank: int) -> None:
     state = read_checkpoint(run_dir / "checkpoint.pt")
     assert state["next_round"] >= 1 and state["world_size"] == 2
     assert failed_rank == 1
+
+
+def test_counts_and_baseline_are_per_rank_and_name_the_rank_that_drifted(cli_run: Path) -> None:
+    from esper_analysis.baseline import capture_baseline, check_baseline
+
+    run = load_run(cli_run)
+    by_rank = event_counts(run).by_rank
+    steps = by_rank.filter(pl.col("type") == "env_step").sort("rank")
+    assert steps.select("rank", "events").rows() == [(0, 16), (1, 16)]
+    baseline = capture_baseline(run)
+    assert baseline["fingerprint"]["world_size"] == 2
+    assert baseline["by_rank"]["run_started"] == {"0": 1}
+    assert check_baseline(run, baseline).ok
+    # Rank 1 stepping one env-step fewer than the baseline recorded: drift on rank 1.
+    drifted = json.loads(json.dumps(baseline))
+    drifted["counts"]["env_step"] += 1
+    drifted["by_rank"]["env_step"]["1"] += 1
+    check = check_baseline(run, drifted)
+    assert not check.ok and check.drifted_ranks == [1]
+    assert "on rank(s) 1" in check.message()
+    # A baseline captured before ranks were recorded is still comparable.
+    old = {k: v for k, v in baseline.items() if k != "by_rank"}
+    assert check_baseline(run, old).ok
+
+
+def test_a_missing_rank_makes_a_degraded_read(cli_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "two"
+    shutil.copytree(cli_run, copy)
+    (copy / "manifest-rank1.json").unlink()
+    for part_dir in (copy / "events").glob("type=*/rank=1"):
+        shutil.rmtree(part_dir)
+    with pytest.warns(UserWarning, match="world size 2"):
+        run = load_run(copy)
+    assert any("world size 2, but rank(s) [1] have no manifest" in d for d in run.degraded)
+
+
+@pytest.mark.parametrize("analysis", ["rewards", "rollbacks", "lifecycles", "actions", "ppo"])
+def test_analyses_read_every_rank(cli_run: Path, analysis: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "esper", "analyze", analysis, str(cli_run), "--json"],
+        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "degraded" not in proc.stderr
+
+
+def test_report_of_a_two_rank_run(cli_run: Path, tmp_path: Path) -> None:
+    from esper_analysis import write_report
+
+    html = write_report(load_run(cli_run), tmp_path / "report.html").read_text()
+    assert "two" in html
