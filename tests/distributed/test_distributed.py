@@ -58,6 +58,7 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _torchrun(
             "-m", "esper", "train", "--envs", "2", "--rounds", "2", "--episode-length", "4",
             "--seed", "0", "--telemetry-dir", "runs", "--run-id", "two", "--no-progress",
+            "--inject-fault", "nan:env=3,round=1,step=2",  # global env 3: rank 1's 2nd env
         ),
         root,
     )  # fmt: skip
@@ -107,6 +108,11 @@ def test_each_rank_writes_its_own_contiguous_partitions(cli_run: Path) -> None:
     for run_level in ("run_started", "run_finished", "round_finished", "ppo_update"):
         assert set(_parquet(cli_run, run_level)["rank"].to_list()) == {0}, run_level
     assert _parquet(cli_run, "run_finished")["env_steps"].to_list() == [2 * 2 * 2 * 4]
+
+
+def test_fault_specs_name_global_envs(cli_run: Path) -> None:
+    rollbacks = _parquet(cli_run, "governor_rollback")
+    assert rollbacks.select("rank", "env", "round").rows() == [(1, 3, 1)]
 
 
 def test_analysis_counts_are_the_sum_over_ranks(cli_run: Path) -> None:
@@ -262,3 +268,24 @@ def test_report_of_a_two_rank_run(cli_run: Path, tmp_path: Path) -> None:
 
     html = write_report(load_run(cli_run), tmp_path / "report.html").read_text()
     assert "two" in html
+
+
+def test_resuming_a_smaller_world_names_the_world_size(tmp_path: Path) -> None:
+    from esper.config import Config
+    from esper.errors import CheckpointError
+    from esper.training.checkpoint import compat_fingerprint, save_checkpoint
+    from esper.training.distributed import Collective, rank_checkpoint
+
+    cfg = Config()
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(
+        path,
+        {"run_id": "one", "next_round": 1, "seq_position": 0, "config": cfg.to_json(),
+         "compat": compat_fingerprint(cfg), "learner": {}, "torch_rng": torch.get_rng_state(),
+         "world_size": 1, "rank": 0},
+    )  # fmt: skip
+    rank1 = Collective(rank=1, world_size=2, local_rank=1, device=torch.device("cpu"))
+    with pytest.raises(CheckpointError, match=r"written by a run with 1 rank\(s\)"):
+        rank_checkpoint(path, rank1)
+    rank0 = Collective(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    assert rank_checkpoint(path, rank0) == path

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Final
 
-from esper.config import Config, ConfigError, load_config, with_overrides
+import msgspec
+
+from esper.config import Config, ConfigError, RunConfig, load_config, with_overrides
 from esper.core.enums import AmpMode, PolicyKind, TelemetryLevel
 from esper.errors import UserError
 
@@ -213,7 +216,16 @@ def _check_cheap_inputs(cfg: Config, args: argparse.Namespace) -> None:
     if not getattr(args, "dist_timeout", 1.0) > 0:
         raise UserError(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
     faults = [parse_fault(spec) for spec in args.inject_fault]
-    check_faults(faults, cfg.run)  # a resume re-checks against its first round
+    check_faults(faults, _global_run(cfg))  # a resume re-checks against its first round
+
+
+def _global_run(cfg: Config) -> RunConfig:
+    """Under torchrun (``WORLD_SIZE`` ranks) fault specs name global envs."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    world = int(raw) if raw.isdigit() else 1  # a bad value is reported when ranks join
+    if world <= 1:
+        return cfg.run
+    return msgspec.structs.replace(cfg.run, n_envs=cfg.run.n_envs * world)
 
 
 def _any_cuda(cfg: Config) -> bool:

@@ -24,10 +24,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from esper.config import RunConfig
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.iterator import SharedBatchIterator
 from esper.errors import CheckpointError, UserError
@@ -260,6 +262,31 @@ def check_world_size(
         raise CheckpointError(
             f"{path}: the checkpoint belongs to rank {state.get('rank')}, not rank {rank}"
         )
+
+
+def rank_checkpoint(path: Path, collective: Collective) -> Path:
+    """This rank's file of the checkpoint ``path`` names (rank 0's file).
+
+    A checkpoint written by fewer ranks has no file for this rank: refused with the
+    world size that wrote it, not a bare "missing file".
+    """
+    mine = rank_path(path, collective.rank)
+    if mine.exists() or not path.exists():
+        return mine  # a missing rank 0 file is reported by the loader
+    from esper.training.checkpoint import read_checkpoint
+
+    theirs = int(read_checkpoint(path).get("world_size", 1))
+    raise CheckpointError(
+        f"{path}: the checkpoint was written by a run with {theirs} rank(s) (world size), "
+        f"so there is no {mine.name} for rank {collective.rank} of this run's "
+        f"{collective.world_size}: resume it with the same number of processes"
+    )
+
+
+def global_run(run: RunConfig, collective: Collective | None) -> RunConfig:
+    """``run`` as one process with every rank's envs (fault specs name global envs)."""
+    world = collective.world_size if collective is not None else launched_world_size()
+    return run if world == 1 else msgspec.structs.replace(run, n_envs=run.n_envs * world)
 
 
 def rank_device(device: str, collective: Collective | None) -> str:

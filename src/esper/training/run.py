@@ -43,6 +43,8 @@ from esper.training.distributed import (
     Collective,
     RankHub,
     check_world_size,
+    global_run,
+    rank_checkpoint,
     rank_device,
     rank_path,
 )
@@ -157,7 +159,7 @@ def train(
     rank = collective.rank if collective is not None else 0
     if collective is not None:
         config = with_overrides(config, {"run.device": rank_device(config.run.device, collective)})
-        resume = rank_path(Path(resume), rank) if resume is not None else None
+        resume = rank_checkpoint(Path(resume), collective) if resume is not None else None
     cfg = resolve_device(config)
     if continue_run and resume is None:
         raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
@@ -169,7 +171,7 @@ def train(
     start = int(state["next_round"]) if state is not None else 0
     _check_rounds_left(cfg, start, resume)
     if faults is not None:
-        check_faults(faults, cfg.run, start_round=start)
+        check_faults(faults, global_run(cfg.run, collective), start_round=start)
     ledger = ledger if ledger is not None else CheckpointLedger()
     if state is not None and resume is not None:
         ledger.path, ledger.next_round = Path(resume), start
