@@ -34,6 +34,7 @@ from esper.config import Config, with_overrides
 from esper.data.iterator import SharedBatchIterator
 from esper.data.tasks import TaskData, load_task
 from esper.model import build_model
+from esper.telemetry.paths import type_rank_dir
 from esper.training.env_factory import env_seed, make_host_optimizer
 from esper.training.run import train
 
@@ -160,11 +161,14 @@ def load_data(cfg: Config) -> TaskData:
 
 def _round_phases(run_dir: Path | None) -> dict[str, float]:
     """Phase totals (ms) from the run's ``round_finished`` events, when there are any."""
-    if run_dir is None or not (run_dir / "events" / "round_finished").exists():
+    if run_dir is None:
+        return {}
+    type_dir = type_rank_dir(run_dir, "round_finished", 0).parent
+    if not type_dir.exists():
         return {}
     import polars as pl
 
-    files = sorted((run_dir / "events" / "round_finished").rglob("*.parquet"))
+    files = sorted(type_dir.rglob("*.parquet"))
     cols = ["train_ms", "val_ms", "policy_ms", "action_ms", "ppo_ms"]
     frame = pl.read_parquet(files, columns=cols)
     return {c.removesuffix("_ms"): float(frame[c].sum()) for c in cols}

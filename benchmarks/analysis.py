@@ -186,7 +186,9 @@ def ensure_run(events: int, cache: Path) -> tuple[Path, float | None]:
     """The cached synthetic run (written now if absent); seconds spent writing it."""
     from esper_analysis.synth import synthesize_run
 
-    run_dir = cache / f"synth-{events}-s{SEED}"
+    from esper.telemetry.events import SCHEMA_VERSION
+
+    run_dir = cache / f"synth-{events}-s{SEED}-v{SCHEMA_VERSION}"  # a new layout, a new run
     if (run_dir / "manifest.json").exists():  # the manifest is written last
         return run_dir, None
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted earlier write
