@@ -17,10 +17,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-
-from esper.training.checkpoint import read_checkpoint
 from esper_analysis import load_run
 from esper_analysis.counts import event_counts
+
+from esper.training.checkpoint import read_checkpoint
 
 WORKER = Path(__file__).with_name("_worker.py")
 #: A launch must end well inside this (a hang is the failure these tests guard against).
@@ -41,7 +41,14 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *args,
+    ]
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -147,8 +154,7 @@ def test_two_ranks_of_n_envs_update_like_one_rank_of_2n(tmp_path: Path) -> None:
     two = _run(_torchrun(*worker, "--run-id", "two", "--envs", "2"), tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     rewards = [
-        _parquet(tmp_path / run, "reward_computed").sort("env", "step")
-        for run in ("one", "two")
+        _parquet(tmp_path / run, "reward_computed").sort("env", "step") for run in ("one", "two")
     ]
     assert rewards[0]["total"].to_list() == rewards[1]["total"].to_list()
     assert rewards[0]["normalized"].to_list() == pytest.approx(
@@ -289,3 +295,18 @@ def test_resuming_a_smaller_world_names_the_world_size(tmp_path: Path) -> None:
         rank_checkpoint(path, rank1)
     rank0 = Collective(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
     assert rank_checkpoint(path, rank0) == path
+
+
+def test_benchmark_script_runs(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    script = root / "benchmarks" / "distributed.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(tmp_path)],
+        cwd=root, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "distributed.json").read_text())
+    assert set(data["eps"]) == {"1", "2"} and all(v > 0 for v in data["eps"].values())
+    assert data["machine"]["cores"] >= 1
+    for sample in data["samples"]["2"]:  # rank 0 reports every rank's env-steps
+        assert sample["env_steps"] == sample["ranks"] * sample["envs_per_rank"] * 3

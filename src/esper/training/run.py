@@ -116,12 +116,13 @@ def default_run_id(cfg: Config) -> str:
     return f"{cfg.task.name.value}-{cfg.policy.kind.value}-s{cfg.run.seed}-{stamp}"
 
 
-def _check_envs_fit(cfg: Config, data: TaskData) -> None:
-    """Each env trains on its own share of the data: at least one sample each."""
+def _check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
+    """Each env (of every rank) trains on its own share of the data: one sample each."""
     n_train = int(data.train_y.shape[0])
-    if cfg.run.n_envs > n_train:
+    if cfg.run.n_envs * world_size > n_train:
+        ranks = f" x {world_size} ranks" if world_size > 1 else ""
         raise ConfigError(
-            f"--envs {cfg.run.n_envs} (run.n_envs): task {cfg.task.name.value!r} has "
+            f"--envs {cfg.run.n_envs}{ranks} (run.n_envs): task {cfg.task.name.value!r} has "
             f"{n_train} training samples, so at most {n_train} envs (one sample each)"
         )
 
@@ -182,7 +183,7 @@ def train(
     if telemetry is None:
         _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None, rank=rank)
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
-    _check_envs_fit(cfg, data)
+    _check_envs_fit(cfg, data, collective.world_size if collective is not None else 1)
     space = action_space_for(cfg, data)
     learner = Learner(
         cfg,
