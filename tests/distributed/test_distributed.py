@@ -310,3 +310,55 @@ def test_benchmark_script_runs(tmp_path: Path) -> None:
     assert data["machine"]["cores"] >= 1
     for sample in data["samples"]["2"]:  # rank 0 reports every rank's env-steps
         assert sample["env_steps"] == sample["ranks"] * sample["envs_per_rank"] * 3
+
+
+@pytest.mark.slow  # two launches: ~32 s on the 2-core VM
+def test_sigterm_to_torchrun_interrupts_every_rank_with_checkpoints(tmp_path: Path) -> None:
+    """``scancel``/``docker stop``: torchrun forwards SIGTERM; both ranks close cleanly."""
+    run_dir = tmp_path / "runs" / "term"
+    cmd = _torchrun(
+        "-m", "esper", "train", "--envs", "1", "--rounds", "50", "--episode-length", "3",
+        "--telemetry-dir", "runs", "--run-id", "term", "--no-progress",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not (run_dir / "checkpoint-rank1.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    for name in ("manifest.json", "manifest-rank1.json"):
+        manifest = json.loads((run_dir / name).read_text())
+        assert manifest["status"] in ("interrupted", "failed"), (name, err[-2000:])
+    states = [read_checkpoint(run_dir / n) for n in ("checkpoint.pt", "checkpoint-rank1.pt")]
+    assert states[0]["next_round"] == states[1]["next_round"] >= 1
+    assert load_run(run_dir).status.value in ("interrupted", "failed")
+    assert "--resume runs/term/checkpoint-rank1.pt" not in err  # rank 0's file resumes
+    # Continue the same run: each rank cuts its own tail and goes on from its checkpoint.
+    total = states[0]["next_round"] + 1
+    again = _run(
+        _torchrun("-m", "esper", "train", "--resume", "runs/term/checkpoint.pt",
+                  "--continue-run", "--rounds", str(total), "--no-progress"),
+        tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    run = load_run(run_dir)
+    assert run.status.value == "finished" and not run.degraded
+    seqs = pl.concat(
+        pl.read_parquet(p, hive_partitioning=False).select("rank", "seq")
+        for p in run_dir.glob("events/type=*/rank=*/*.parquet")
+    )
+    for rank in (0, 1):
+        got = sorted(seqs.filter(pl.col("rank") == rank)["seq"].to_list())
+        assert got == list(range(len(got))), rank  # contiguous: no gap, no duplicate
+    episodes = _parquet(run_dir, "episode_finished")
+    assert sorted(episodes.select("round", "env").rows()) == [
+        (r, e) for r in range(total) for e in (0, 1)
+    ]

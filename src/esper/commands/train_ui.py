@@ -88,7 +88,7 @@ def _run_training(cfg: Config, args: argparse.Namespace, collective: Collective 
     view = _ProgressView(cfg, console, enabled=main and tty)
     ledger = CheckpointLedger()
     try:
-        with view.progress, _sigterm_as_interrupt():
+        with view.progress, _sigterm_as_interrupt(), _resume_names_rank0(ledger, collective):
             result = train(
                 cfg,
                 progress=view,
@@ -149,6 +149,19 @@ def _checkpoint_note(ledger: CheckpointLedger, *, said: str = "") -> str:
         f"{failed}the last good checkpoint is {ledger.path} "
         f"(resumes at round {ledger.next_round}: --resume {ledger.path})"
     )
+
+
+@contextlib.contextmanager
+def _resume_names_rank0(ledger: CheckpointLedger, collective: Collective | None) -> Iterator[None]:
+    """On rank r > 0 the resume hint names rank 0's file: ``--resume`` takes that one,
+    every rank finds its own ``-rank<r>`` file beside it."""
+    try:
+        yield
+    finally:
+        if collective is not None and collective.rank and ledger.path is not None:
+            suffix = f"-rank{collective.rank}"
+            stem = ledger.path.stem.removesuffix(suffix)
+            ledger.path = ledger.path.with_name(stem + ledger.path.suffix)
 
 
 @contextlib.contextmanager
