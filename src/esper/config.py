@@ -124,6 +124,11 @@ class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     rent_weight: NonNegativeFloat = 0.5
     rent_cap: NonNegativeFloat = 1.5
     terminal_weight: NonNegativeFloat = 0.05
+    #: ``accuracy`` family: reward per pp of validation accuracy gained since the last step.
+    accuracy_weight: NonNegativeFloat = 0.1
+    #: ``accuracy`` family: cost per unit of (seed parameters / host parameters), paid
+    #: as the seed parameters change (germinate pays, prune refunds).
+    param_cost_weight: NonNegativeFloat = 0.2
     normalize: bool = True
 
 

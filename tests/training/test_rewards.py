@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esper.config import RewardConfig
+from esper.config import Config, RewardConfig, with_overrides
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
 from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport
+from esper.data.tasks import load_task
+from esper.telemetry import events as ev
+from esper.telemetry.hub import MemoryHub
 from esper.training import rewards as R
 from esper.training.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
+from esper.training.run import train
 
 GAMMA = 0.995
 
@@ -86,6 +91,8 @@ def reward_inputs(draw: st.DrawFn) -> RewardInputs:
         is_terminal=draw(st.booleans()),
         final_acc=draw(st.one_of(st.just(math.nan), st.floats(0, 100))),
         rollback_penalty=draw(st.sampled_from([0.0, -10.0])),
+        seed_params=draw(st.integers(0, 10**5)),
+        prev_seed_params=draw(st.integers(0, 10**5)),
     )
 
 
@@ -243,3 +250,148 @@ def test_episode_shaping_telescopes_to_zero_whatever_the_end_state(potentials: l
         )
         total += compute_reward(inp, cfg, gamma=1.0).stage_shaping
     assert total == pytest.approx(0.0, abs=1e-12)
+
+
+# --- accuracy family ----------------------------------------------------------------
+
+ACC = RewardConfig(family=RewardFamily.ACCURACY)
+HOST = 1_702
+
+
+def _episode(accs: list[float], seeds: list[int], cfg: RewardConfig = ACC) -> list[RewardBreakdown]:
+    """One episode's rewards for the given per-step accuracies and live seed params."""
+    out = []
+    prev_acc, prev_seeds = math.nan, 0
+    for t, (acc, n) in enumerate(zip(accs, seeds, strict=True)):
+        inp = _inputs(
+            val_acc=acc,
+            prev_val_acc=prev_acc,
+            host_params=HOST,
+            seed_params=n,
+            prev_seed_params=prev_seeds,
+            is_terminal=t == len(accs) - 1,
+            final_acc=acc if t == len(accs) - 1 else math.nan,
+        )
+        out.append(compute_reward(inp, cfg, gamma=1.0))
+        prev_acc, prev_seeds = acc, n
+    return out
+
+
+def test_accuracy_family_telescopes_to_final_gain_minus_final_parameter_cost() -> None:
+    """Whatever the path (grow, prune, regrow), an episode pays accuracy_weight x (final -
+    first accuracy) and param_cost_weight x final seed params / host params."""
+    accs = [20.0, 45.0, 61.5, 58.0, 70.25, 73.5]
+    seeds = [0, 296, 296, 0, 592, 460]
+    rewards = _episode(accs, seeds)
+    assert sum(b.attribution for b in rewards) == pytest.approx(0.1 * (73.5 - 20.0))
+    assert sum(b.rent for b in rewards) == pytest.approx(-0.2 * 460 / HOST)
+    assert rewards[0].attribution == 0.0  # no previous accuracy: nothing to credit
+    assert sum(b.terminal for b in rewards) == pytest.approx(0.05 * 0.735)
+
+
+def test_accuracy_family_parameter_cost_germinate_pays_prune_refunds() -> None:
+    cfg = RewardConfig(family=RewardFamily.ACCURACY, param_cost_weight=0.5)
+    grow = compute_reward(_inputs(host_params=1000, seed_params=300), cfg, gamma=GAMMA)
+    assert grow.rent == pytest.approx(-0.5 * 0.3)
+    prune = compute_reward(
+        _inputs(host_params=1000, seed_params=0, prev_seed_params=300), cfg, gamma=GAMMA
+    )
+    assert prune.rent == pytest.approx(0.5 * 0.3)
+    keep = compute_reward(
+        _inputs(host_params=1000, seed_params=300, prev_seed_params=300), cfg, gamma=GAMMA
+    )
+    assert keep.rent == 0.0  # no per-step rent: a kept seed is paid for once
+
+
+def test_accuracy_family_cannot_be_farmed_by_leave_one_out_contribution() -> None:
+    """A co-adapted seed with a large leave-one-out contribution earns nothing more: only
+    the env's accuracy and its size count. The contribution family pays it."""
+    plain = _inputs(slot_after=_seed(), seed_params=8, prev_seed_params=8)
+    farmed = _inputs(
+        op=LifecycleOp.FOSSILIZE,
+        slot_before=_seed(SeedStage.HOLDING),
+        slot_after=_seed(SeedStage.FOSSILIZED),
+        contribution_pp=5.3,
+        progress_pp=20.0,
+        credits=(SeedCredit(contribution_pp=5.3, progress_pp=20.0),),
+        seed_params=8,
+        prev_seed_params=8,
+    )
+    acc = {
+        name: compute_reward(inp, ACC, gamma=GAMMA) for name, inp in (("p", plain), ("f", farmed))
+    }
+    assert acc["f"].attribution == acc["p"].attribution == pytest.approx(0.1 * (80.0 - 79.0))
+    assert acc["f"].fossilize_bonus == 0.0 and acc["f"].alpha_shock == 0.0
+    assert acc["f"].total - acc["f"].stage_shaping == acc["p"].total - acc["p"].stage_shaping
+    contribution = compute_reward(farmed, CFG, gamma=GAMMA)
+    assert contribution.attribution > acc["f"].attribution and contribution.fossilize_bonus > 0
+
+
+def test_eager_growth_out_earns_the_static_host_iff_it_pays_in_accuracy() -> None:
+    """Same host (same first-epoch accuracy): growing earns more than staying static
+    exactly when the accuracy gained beats the parameters' cost (break-even
+    param_cost_weight / accuracy_weight pp per doubling of the host)."""
+    cfg = RewardConfig(family=RewardFamily.ACCURACY, shaping=False)
+    static = sum(b.total for b in _episode([30.0, 60.0, 72.0], [0, 0, 0], cfg))
+    breakeven = 0.2 / 0.1 * 296 / HOST
+    for gain in (-0.5, 0.0, 0.5 * breakeven, 1.5 * breakeven, 1.4):
+        grown = sum(b.total for b in _episode([30.0, 60.0, 72.0 + gain], [296, 296, 296], cfg))
+        assert (grown > static) == (gain > breakeven), gain
+
+
+@pytest.mark.parametrize(
+    ("val_acc", "prev_val_acc", "host_params"),
+    [(math.nan, 70.0, HOST), (70.0, math.nan, HOST), (math.nan, math.nan, HOST), (70.0, 60.0, 0)],
+)
+def test_accuracy_family_is_nan_safe(val_acc: float, prev_val_acc: float, host_params: int) -> None:
+    inp = _inputs(
+        val_acc=val_acc,
+        prev_val_acc=prev_val_acc,
+        host_params=host_params,
+        seed_params=296,
+        is_terminal=True,
+    )
+    br = compute_reward(inp, ACC, gamma=GAMMA)
+    assert all(math.isfinite(getattr(br, n)) for n in REWARD_COMPONENTS)
+    assert br.total == _components_sum(br)
+    if not math.isfinite(val_acc - prev_val_acc):
+        assert br.attribution == 0.0
+    if host_params == 0:
+        assert br.rent == 0.0
+
+
+def test_trainer_pays_the_accuracy_family_as_telescoping_sums(tmp_path: Path) -> None:
+    """End to end through the trainer's reward inputs: per env-episode the accuracy
+    credit sums to accuracy_weight x (last - first validation accuracy) and the parameter
+    cost follows the live seed parameters step by step (env_step is emitted after the
+    action)."""
+    cfg = with_overrides(
+        Config(),
+        {
+            "reward.family": "accuracy",
+            "run.n_envs": 2,
+            "run.rounds": 1,
+            "run.episode_length": 6,
+            "task.train_samples_per_env": 64,
+            "task.val_samples": 64,
+            "policy.feature_dim": 16,
+            "policy.lstm_hidden": 16,
+        },
+    )
+    hub = MemoryHub(run_id="acc")
+    train(cfg, telemetry=hub, data=load_task(cfg.task, seed=0), save=tmp_path / "c.pt")
+    steps = {(e.env, e.step): e for e in hub.events if isinstance(e, ev.EnvStep)}
+    rewards = {(e.env, e.step): e for e in hub.events if isinstance(e, ev.RewardComputed)}
+    grew = False
+    for env in range(2):
+        accs = [steps[env, t].val_acc for t in range(6)]
+        seeds = [steps[env, t].seed_params for t in range(6)]
+        host = steps[env, 0].host_params
+        credit = sum(rewards[env, t].attribution for t in range(6))
+        assert credit == pytest.approx(0.1 * (accs[-1] - accs[0]), abs=1e-9)
+        for t in range(6):
+            before = seeds[t - 1] if t else 0
+            assert rewards[env, t].rent == pytest.approx(-0.2 * (seeds[t] - before) / host)
+            assert rewards[env, t].fossilize_bonus == rewards[env, t].germinate_cost == 0.0
+        grew = grew or max(seeds) > 0
+    assert grew  # the untrained policy germinates: the cost was exercised

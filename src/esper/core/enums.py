@@ -128,6 +128,7 @@ class RewardFamily(StrEnum):
     CONTRIBUTION = "contribution"
     LOSS = "loss"
     SPARSE = "sparse"
+    ACCURACY = "accuracy"
 
 
 class TaskName(StrEnum):

@@ -92,6 +92,8 @@ class EnvState:
     #: Reward bookkeeping: previous step's alphas and stage potential (shaping telescopes).
     prev_alphas: tuple[float, ...] = ()
     potential: float = 0.0
+    #: Live seed parameters after the previous step (the accuracy reward's parameter cost).
+    seed_params: int = 0
     last_op: int = 0
     last_success: bool = True
     seed_counter: int = 0

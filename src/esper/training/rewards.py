@@ -1,6 +1,6 @@
 """Per-step rewards, always returned as a typed breakdown whose total is the exact sum.
 
-Three families (``RewardConfig.family``):
+Four families (``RewardConfig.family``):
 
 * **contribution** (default): credit a seed for the accuracy it measurably adds
   (counterfactual contribution, capped by the env's progress since the seed arrived),
@@ -9,6 +9,14 @@ Three families (``RewardConfig.family``):
 * **loss**: normalised validation-loss improvement instead of attribution; the same
   rent, shaping and costs; a terminal term on the final loss.
 * **sparse**: the terminal term only (plus a rollback penalty, if one is passed in).
+* **accuracy**: accuracy per parameter, with nothing to farm. Each step pays the env's
+  validation-accuracy change since the last step (``attribution`` component; an episode
+  sums to final minus first accuracy) and the change in live seed parameters over host
+  parameters times a cost (``rent`` component; an episode sums to the final seeds'
+  cost: germinating pays, pruning refunds). Besides these, only potential-based stage
+  shaping (sums to 0), the terminal term and the penalties; no per-op bonuses, no
+  leave-one-out credit (a host that co-adapted to a seed shows a large contribution
+  without being more accurate).
 
 Ablation switches: ``shaping`` (stage shaping and per-op shaping), ``terminal``, and
 ``anti_gaming`` (alpha shock, progress cap and alpha discount on positive credit). The
@@ -125,6 +133,10 @@ class RewardInputs(msgspec.Struct, frozen=True, kw_only=True):
     final_acc: float = NAN
     final_loss: float = NAN
     rollback_penalty: float = 0.0
+    #: Live seed parameters (any stage, any alpha) after the action, and after the
+    #: previous step's action (0 at episode start); the accuracy family's cost telescopes.
+    seed_params: int = 0
+    prev_seed_params: int = 0
 
 
 def env_potential(reports: Iterable[SlotReport | None]) -> float:
@@ -285,6 +297,43 @@ def loss_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> Reward
     )
 
 
+def accuracy_gain(inp: RewardInputs, cfg: RewardConfig) -> float:
+    """``accuracy_weight`` x the accuracy change in pp since the last step.
+
+    Unknown (NaN) on either side, e.g. the first step, pays 0. Summed over an episode
+    with finite accuracies it telescopes to final minus first accuracy, so growth pays
+    exactly what it adds to the final model, whenever it happens.
+    """
+    delta = inp.val_acc - inp.prev_val_acc
+    return cfg.accuracy_weight * delta if _finite(delta) else 0.0
+
+
+def param_cost(inp: RewardInputs, cfg: RewardConfig) -> float:
+    """-``param_cost_weight`` x the change in seed parameters / host parameters.
+
+    Not shaping: the end of the episode does not refund it, so an episode pays
+    ``param_cost_weight * final seed params / host params`` in all (a seed pruned
+    before the end costs nothing, apart from discounting of the refund).
+    """
+    if inp.host_params <= 0:
+        return 0.0
+    grown = (inp.seed_params - inp.prev_seed_params) / inp.host_params
+    return -cfg.param_cost_weight * grown
+
+
+def accuracy_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
+    parts: dict[str, float] = {
+        "attribution": accuracy_gain(inp, cfg),
+        "rent": param_cost(inp, cfg),
+        "terminal": _accuracy_terminal(inp, cfg),
+        "invalid_penalty": _invalid(inp),
+        "rollback_penalty": inp.rollback_penalty,
+    }
+    if cfg.shaping:
+        parts["stage_shaping"] = stage_shaping(inp, cfg, gamma=gamma)
+    return make_breakdown(**parts)
+
+
 def sparse_reward(inp: RewardInputs, cfg: RewardConfig) -> RewardBreakdown:
     return make_breakdown(
         terminal=_accuracy_terminal(inp, cfg),
@@ -300,4 +349,6 @@ def compute_reward(inputs: RewardInputs, cfg: RewardConfig, *, gamma: float) -> 
         return loss_reward(inputs, cfg, gamma=gamma)
     if cfg.family == RewardFamily.SPARSE:
         return sparse_reward(inputs, cfg)
+    if cfg.family == RewardFamily.ACCURACY:
+        return accuracy_reward(inputs, cfg, gamma=gamma)
     raise ValueError(f"unknown reward family {cfg.family!r}")

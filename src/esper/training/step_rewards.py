@@ -65,7 +65,10 @@ def build_reward_inputs(
         is_terminal=terminal,
         final_acc=env.val_acc if terminal else math.nan,
         final_loss=env.val_loss if terminal else math.nan,
+        seed_params=counts.seeds,
+        prev_seed_params=env.seed_params,
     )
     env.prev_alphas = alphas
     env.potential = potential_now
+    env.seed_params = counts.seeds
     return inputs
