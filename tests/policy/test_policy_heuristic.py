@@ -21,7 +21,7 @@ from esper.core.enums import AlphaMode, LifecycleOp, SeedStage, Topology
 from esper.core.records import SlotReport
 from esper.policy.actions import ActionSpace, DecodedAction, decode_action
 from esper.policy.features import build_features
-from esper.policy.heuristic import HeuristicPolicy
+from esper.policy.heuristic import HEURISTIC_BLUEPRINT_ORDER, HeuristicPolicy
 from esper.policy.masks import compute_masks
 from esper.policy.protocol import Hidden, Policy, PolicyInput, PolicyStep
 from esper.policy.signals import SignalTracker
@@ -75,7 +75,7 @@ def test_waits_until_host_is_stable_and_plateaued() -> None:
     assert one(empty, tracker(stable=False, plateau=9)).op == Op.WAIT
     assert one(empty, tracker(stable=True, plateau=1)).op == Op.WAIT
     a = one(empty, tracker(stable=True, plateau=2))
-    assert (a.op, a.slot_id, a.blueprint) == (Op.GERMINATE, "a", ALL_BLUEPRINTS[0])
+    assert (a.op, a.slot_id, a.blueprint) == (Op.GERMINATE, "a", HEURISTIC_BLUEPRINT_ORDER[0])
     assert a.alpha_target == 1.0
 
 
@@ -128,17 +128,19 @@ def test_blueprint_rotation_and_prune_penalty() -> None:
         (a,), step = run(policy, [empty], [calm], hidden)
         chosen.append(a.blueprint)
         hidden = step.hidden
-    assert chosen == list(ALL_BLUEPRINTS[:3])
-    # Fresh episode: pruning a harmful "norm" seed penalises it, so rotation skips it.
+    # Largest capacity first: a narrow host's tiny seeds (norm: 8 parameters) add nothing.
+    assert chosen == ["conv_heavy", "conv_small", "bottleneck"]
+    assert sorted(HEURISTIC_BLUEPRINT_ORDER) == sorted(ALL_BLUEPRINTS)
+    # Fresh episode: pruning a harmful "conv_heavy" seed penalises it, so rotation skips it.
     hidden = policy.initial_hidden(1, "cpu")
     harmful = [
-        report("s0", S.TRAINING, blueprint="norm", contribution=-2.0, age_epochs=6),
+        report("s0", S.TRAINING, blueprint="conv_heavy", contribution=-2.0, age_epochs=6),
         report("s1"),
     ]
     (a,), step = run(policy, [harmful], [calm], hidden)
     assert a.op == Op.PRUNE
     (b,), _ = run(policy, [empty], [calm], step.hidden)
-    assert b.op == Op.GERMINATE and b.blueprint == ALL_BLUEPRINTS[1]
+    assert b.op == Op.GERMINATE and b.blueprint == HEURISTIC_BLUEPRINT_ORDER[1]
 
 
 def test_transformer_rotation_stays_in_topology() -> None:
