@@ -46,6 +46,8 @@ class Counts(AnalysisResult):
 
 #: The envelope columns counted per value (each gives one breakdown table).
 _DIMENSIONS: Final = ("round", "env", "step", "rank")
+#: Rows read at once: bounds memory (4 int64 columns: 128 MB) on runs of any size.
+BATCH_ROWS: Final = 4_000_000
 
 
 def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -63,21 +65,53 @@ def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return present + low, counts[present]
 
 
-def _breakdowns(run: Run) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
+def _breakdown_schema(dim: str) -> pl.Schema:
+    return pl.Schema({"type": pl.String, dim: pl.Int64, "events": pl.Int64})
+
+
+def _batches(run: Run, limit: int = BATCH_ROWS) -> list[list[str]]:
+    """Event types in groups of at most ``limit`` rows (a lone larger type is its own
+    group): each group is read in parallel, and only one group is held in memory."""
+    batches: list[list[str]] = []
+    rows = limit
+    for event_type in run.event_types:
+        n = run.rows_on_disk(event_type)
+        if rows + n > limit:
+            batches.append([])
+            rows = 0
+        batches[-1].append(event_type)
+        rows += n
+    return batches
+
+
+def _breakdowns(
+    run: Run, batch_rows: int = BATCH_ROWS
+) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
     """Rows per ``(type, value)`` of each dimension, and rows per type, from one parallel
     scan per type."""
-    frames = pl.collect_all([run.scan(t).select(_DIMENSIONS) for t in run.event_types])
-    totals = {t: f.height for t, f in zip(run.event_types, frames, strict=True) if f.height}
+    totals: dict[str, int] = {}
+    parts: dict[str, list[pl.DataFrame]] = {dim: [] for dim in _DIMENSIONS}
+    for batch in _batches(run, batch_rows):
+        frames = pl.collect_all([run.scan(t).select(_DIMENSIONS) for t in batch])
+        for event_type, frame in zip(batch, frames, strict=True):
+            if frame.height:
+                totals[event_type] = frame.height
+            for dim in _DIMENSIONS:
+                keys, counts = _histogram(frame[dim])
+                parts[dim].append(
+                    pl.DataFrame(
+                        {"type": event_type, dim: keys, "events": counts},
+                        schema=_breakdown_schema(dim),
+                    )
+                )
     out: dict[str, pl.DataFrame] = {}
     for dim in _DIMENSIONS:
-        schema = pl.Schema({"type": pl.String, dim: pl.Int64, "events": pl.Int64})
-        parts = []
-        for event_type, frame in zip(run.event_types, frames, strict=True):
-            keys, counts = _histogram(frame[dim])
-            parts.append(
-                pl.DataFrame({"type": event_type, dim: keys, "events": counts}, schema=schema)
-            )
-        out[dim] = pl.concat(parts).sort("type", dim) if parts else pl.DataFrame(schema=schema)
+        tables = parts[dim]
+        out[dim] = (
+            pl.concat(tables).sort("type", dim)
+            if tables
+            else pl.DataFrame(schema=_breakdown_schema(dim))
+        )
     return out, totals
 
 

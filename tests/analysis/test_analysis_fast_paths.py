@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+from esper_analysis import counts as counts_module
 from esper_analysis import event_counts, load_run
 from esper_analysis import lifecycles as lc
 
@@ -34,6 +35,16 @@ def test_counts_match_a_plain_group_by(scripted_run: Path) -> None:
         ).sort("type", dim)
         assert table.equals(plain), dim
     assert counts.total == sum(run.count(t) for t in run.event_types)
+
+
+def test_counts_read_in_small_batches_equal_one_batch(scripted_run: Path) -> None:
+    run = load_run(scripted_run)
+    batches = counts_module._batches(run, 1)
+    assert len(batches) == len(run.event_types)  # every type alone
+    one, totals_one = counts_module._breakdowns(run)
+    many, totals_many = counts_module._breakdowns(run, 1)
+    assert totals_one == totals_many
+    assert all(one[dim].equals(many[dim]) for dim in one)
 
 
 def _sorted(df: pl.DataFrame) -> pl.DataFrame:
