@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from esper.core.enums import AmpMode
-from esper.training.env_state import EnvState
+from esper.core.layout import Layout
+from esper.training.env_state import TRAIN_ACCUM, EnvState
 
 #: Gradient clipping of host and seed parameters during host training.
 HOST_GRAD_CLIP = 5.0
@@ -125,9 +126,9 @@ def train_batch(
     n = y.numel()
     accum = env.train_accum
     assert accum is not None
-    accum[0] += loss_t.detach().float() * n
-    accum[1] += correct
-    accum[2] += n
+    accum[TRAIN_ACCUM.index("loss_sum")] += loss_t.detach().float() * n
+    accum[TRAIN_ACCUM.index("correct")] += correct
+    accum[TRAIN_ACCUM.index("count")] += n
 
 
 def train_epoch(
@@ -180,7 +181,8 @@ def validate_fused(
     for env, alpha in zip(envs, alphas, strict=True):
         env.model.eval()
         k = 1 if alpha is None else alpha.shape[0]
-        acc = torch.zeros(2 + k, device=env.device)
+        lay = val_layout(k)
+        acc = torch.zeros(lay.width, device=env.device)
         with _stream_ctx(env), torch.inference_mode():
             alpha_dev = None if alpha is None else alpha.to(env.device, non_blocking=True)
             for x, y in val_batches:
@@ -191,10 +193,12 @@ def validate_fused(
                     else:
                         logits = env.model.fused_forward(x, alpha_dev)
                 flat_real = logits[0].reshape(-1, logits.shape[-1]).float()
-                acc[0] += F.cross_entropy(flat_real, y.reshape(-1), reduction="sum")
-                acc[1] += y.numel()
+                acc[lay.index("loss_sum")] += F.cross_entropy(
+                    flat_real, y.reshape(-1), reduction="sum"
+                )
+                acc[lay.index("count")] += y.numel()
                 hits = logits.argmax(dim=-1) == y.unsqueeze(0)
-                acc[2:] += hits.reshape(k, -1).sum(dim=1)
+                acc[lay["correct"]] += hits.reshape(k, -1).sum(dim=1)
         results.append(acc)
     _synchronize(envs)
     return results
@@ -234,40 +238,46 @@ def gather_step_stats(
 ) -> list[EnvStepStats]:
     """Pack every env's device numbers (plus optional debug extras) and transfer ONCE."""
     parts: list[torch.Tensor] = []
-    sizes: list[tuple[int, int, int]] = []
+    layouts: list[Layout] = []
     home = envs[0].device
     for i, (env, val) in enumerate(zip(envs, val_results, strict=True)):
         assert env.train_accum is not None
         grads = env.last_grad_norms.reshape(-1).float()
         extra = extras[i].reshape(-1).float() if extras is not None else grads[:0]
-        parts += [env.train_accum.to(home), val.to(home), grads.to(home), extra.to(home)]
-        sizes.append((val.numel(), grads.numel(), extra.numel()))
+        row = {"train": env.train_accum, "val": val, "grads": grads, "extra": extra}
+        parts += [t.to(home) for t in row.values()]
+        layouts.append(Layout(*((name, t.numel()) for name, t in row.items())))
     host = torch.cat(parts).cpu().tolist()  # the step's single device-to-host transfer
-    return _unpack(host, sizes)
+    return _unpack(host, layouts)
 
 
-def _unpack(host: list[float], sizes: Sequence[tuple[int, int, int]]) -> list[EnvStepStats]:
+def val_layout(n_configs: int) -> Layout:
+    """A validation result: loss sum, sample count, then correct per config (real first)."""
+    return Layout(("loss_sum", 1), ("count", 1), ("correct", n_configs))
+
+
+def _unpack(host: list[float], layouts: Sequence[Layout]) -> list[EnvStepStats]:
     out: list[EnvStepStats] = []
     i = 0
-    for val_size, grad_size, extra_size in sizes:
-        loss_sum, correct, count = host[i : i + 3]
-        i += 3
-        val = host[i : i + val_size]
-        i += val_size
-        grads = host[i : i + grad_size]
-        i += grad_size
-        extra = host[i : i + extra_size]
-        i += extra_size
-        n_val = max(val[1], 1.0)
+    for lay in layouts:
+        row = host[i : i + lay.width]
+        i += lay.width
+        train, val = lay.get(row, "train"), lay.get(row, "val")
+        loss_sum, correct, count = (
+            TRAIN_ACCUM.one(train, k) for k in ("loss_sum", "correct", "count")
+        )
+        val_lay = val_layout(len(val) - val_layout(0).width)
+        n_val = max(val_lay.one(val, "count"), 1.0)
+        correct_val = val_lay.get(val, "correct")
         out.append(
             EnvStepStats(
                 train_loss=loss_sum / max(count, 1.0),
                 train_acc=100.0 * correct / max(count, 1.0),
-                val_loss=val[0] / n_val,
-                val_acc=100.0 * val[2] / n_val,
-                config_accs=tuple(100.0 * c / n_val for c in val[2:]),
-                grad_norms=tuple(grads),
-                extra=tuple(extra),
+                val_loss=val_lay.one(val, "loss_sum") / n_val,
+                val_acc=100.0 * correct_val[0] / n_val,
+                config_accs=tuple(100.0 * c / n_val for c in correct_val),
+                grad_norms=tuple(lay.get(row, "grads")),
+                extra=tuple(lay.get(row, "extra")),
             )
         )
     return out

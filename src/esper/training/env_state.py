@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from esper.core.layout import Layout
 from esper.core.records import (
     REWARD_COMPONENTS,
     LifecycleRecord,
@@ -21,6 +22,9 @@ from esper.core.records import (
     SeedPrunedRecord,
     make_breakdown,
 )
+
+#: ``EnvState.train_accum``: the train pass's running sums, on device.
+TRAIN_ACCUM = Layout(("loss_sum", 1), ("correct", 1), ("count", 1))
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
@@ -104,7 +108,7 @@ class EnvState:
 
     def __post_init__(self) -> None:
         if self.train_accum is None:
-            self.train_accum = torch.zeros(3, device=self.device)
+            self.train_accum = torch.zeros(TRAIN_ACCUM.width, device=self.device)
 
     def drain_records(self) -> list[LifecycleRecord]:
         # Cleared in place: the model's reporter holds a bound ``pending.append``.

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from esper.config import PPOConfig
 from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
+from esper.core.layout import Layout
 from esper.core.records import PPOMetrics
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden
@@ -47,6 +48,21 @@ VALUE_LOSS_SCALE = 0.5
 #: The minibatch permutation stream is seeded with seed * stride + round (no state to
 #: checkpoint: a resumed run shuffles exactly like an uninterrupted one).
 MINIBATCH_SEED_STRIDE = 1_000_003
+
+#: Minibatch stats averaged NaN-aware over the last epoch, in METRICS_LAYOUT order.
+_AVERAGED = ("policy_loss", "value_loss", "entropy", "clip_frac")
+#: Pre-update buffer stats (``_base_stats``), packed last.
+BASE_STATS = ("explained_variance", "value_mean", "return_mean")
+#: The update's diagnostics, packed into one tensor for the update's final transfer.
+METRICS_LAYOUT = Layout(
+    *((k, 1) for k in _AVERAGED),
+    ("approx_kl", 1),
+    ("grad_norm", 1),
+    ("ratio_max", 1),
+    ("entropy_heads", len(HEAD_NAMES)),
+    ("clip_heads", len(HEAD_NAMES)),
+    *((k, 1) for k in BASE_STATS),
+)
 
 
 class UpdateSync(Protocol):
@@ -342,7 +358,7 @@ class PPOUpdater:
         ret, val = buf.returns, buf.values
         var_ret = ret.var()
         ev = 1.0 - (ret - val).var() / var_ret.masked_fill(var_ret == 0, math.nan)
-        return torch.stack([ev, val.mean(), ret.mean()])
+        return torch.stack([ev, val.mean(), ret.mean()])  # BASE_STATS order
 
     def _metrics(
         self,
@@ -356,36 +372,37 @@ class PPOUpdater:
         n_transitions: int,
     ) -> PPOMetrics:
         """Diagnostics averaged over the last epoch's minibatches (NaN-aware), plus EV."""
-        n_heads = len(HEAD_NAMES)
-        nan = torch.full((), math.nan, device=base.device)
+        lay = METRICS_LAYOUT
         if not steps_:
-            scalars = [nan] * 7
-            heads = torch.full((2 * n_heads,), math.nan, device=base.device)
+            packed = torch.full((lay.width - len(BASE_STATS),), math.nan, device=base.device)
         else:
 
             def avg(key: str) -> Tensor:
                 return torch.stack([st.stats[key].float() for st in steps_]).nanmean(dim=0)
 
-            kl = torch.stack([st.kl.float() for st in steps_]).nanmean()
-            names = ("policy_loss", "value_loss", "entropy", "clip_frac")
-            scalars = [*(avg(k) for k in names), kl, avg("grad_norm")]
-            scalars.append(torch.stack([st.stats["ratio_max"] for st in steps_]).max())
-            heads = torch.cat([avg("entropy_heads"), avg("clip_heads")])
-        packed = torch.cat([torch.stack([t.float() for t in scalars]), heads.float(), base.float()])
-        vals = packed.tolist()  # the update's final device-to-host transfer
-        pl, vl, ent, cf, kl_v, gn, rmax = vals[:7]
-        ent_h, clip_h = vals[7 : 7 + n_heads], vals[7 + n_heads : 7 + 2 * n_heads]
-        ev, v_mean, r_mean = vals[7 + 2 * n_heads :]
+            parts = {  # METRICS_LAYOUT's fields before BASE_STATS, in its order
+                **{k: avg(k).reshape(1) for k in _AVERAGED},
+                "approx_kl": torch.stack([st.kl.float() for st in steps_]).nanmean().reshape(1),
+                "grad_norm": avg("grad_norm").reshape(1),
+                "ratio_max": torch.stack([st.stats["ratio_max"] for st in steps_]).max().reshape(1),
+                "entropy_heads": avg("entropy_heads"),
+                "clip_heads": avg("clip_heads"),
+            }
+            assert tuple(parts) == lay.names[: len(parts)]
+            packed = torch.cat([t.float() for t in parts.values()])
+        vals = torch.cat([packed, base.float()]).tolist()  # the update's final transfer
+        lay.check(vals)
+        ent_h, clip_h = lay.get(vals, "entropy_heads"), lay.get(vals, "clip_heads")
         per_head = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
         per_head.update({f"clip_frac_{h}": clip_h[i] for i, h in enumerate(HEAD_NAMES)})
         return PPOMetrics(
-            policy_loss=pl,
-            value_loss=vl,
-            entropy=ent,
-            clip_frac=cf,
-            approx_kl=kl_v,
-            explained_variance=ev,
-            grad_norm=gn,
+            policy_loss=lay.one(vals, "policy_loss"),
+            value_loss=lay.one(vals, "value_loss"),
+            entropy=lay.one(vals, "entropy"),
+            clip_frac=lay.one(vals, "clip_frac"),
+            approx_kl=lay.one(vals, "approx_kl"),
+            explained_variance=lay.one(vals, "explained_variance"),
+            grad_norm=lay.one(vals, "grad_norm"),
             lr=float(self.optimizer.param_groups[0]["lr"]),
             entropy_coef=coef,
             epochs_run=epochs,
@@ -394,9 +411,9 @@ class PPOUpdater:
             skipped=bool(skip_reason),
             skip_reason=skip_reason,
             n_transitions=n_transitions,
-            ratio_max=rmax,
-            value_mean=v_mean,
-            return_mean=r_mean,
+            ratio_max=lay.one(vals, "ratio_max"),
+            value_mean=lay.one(vals, "value_mean"),
+            return_mean=lay.one(vals, "return_mean"),
             **per_head,
         )
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from esper.config import Config
-from esper.core.constants import HEAD_NAMES
 from esper.core.enums import Initiator, PolicyKind, TelemetryLevel
+from esper.core.layout import Layout
 from esper.core.records import SlotReport
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
-from esper.policy.actions import ActionSpace, decode_action
+from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, decode_action
 from esper.policy.features import build_features
 from esper.policy.masks import ActionMasks, compute_masks
 from esper.policy.protocol import PolicyInput
@@ -81,11 +81,17 @@ class PhaseTimes:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
+#: One env's row of the packed decision (the step's single device-to-host transfer).
+DECISION_ROW = Layout(
+    ("actions", N_HEADS), ("log_prob", 1), ("value", 1), ("op_probs", N_OPS), ("op_mask", N_OPS)
+)
+
+
 @dataclass
 class Decision:
     """The policy's choice for all envs, already on the host (one transfer)."""
 
-    rows: list[list[float]]
+    rows: list[list[float]]  # one DECISION_ROW per env
     obs_normalized: torch.Tensor  # what the policy saw; what the buffer stores
     blueprint_ids: torch.Tensor
     masks: ActionMasks
@@ -342,17 +348,16 @@ class VectorizedTrainer:
             trackers=[e.tracker for e in envs],
         )
         out = self.learner.act(inp, hidden)
-        packed = torch.cat(
-            [
-                out.actions.float(),
-                out.log_probs.sum(dim=1, keepdim=True),
-                out.value.reshape(-1, 1).float(),
-                out.op_probs.float(),
-                masks.op.float(),
-            ],
-            dim=1,
-        )
-        rows = packed.cpu().tolist()  # the decision's single device-to-host transfer
+        parts = {  # DECISION_ROW's fields, in its order
+            "actions": out.actions.float(),
+            "log_prob": out.log_probs.sum(dim=1, keepdim=True),
+            "value": out.value.reshape(-1, 1).float(),
+            "op_probs": out.op_probs.float(),
+            "op_mask": masks.op.float(),
+        }
+        assert tuple(parts) == DECISION_ROW.names
+        rows = torch.cat(list(parts.values()), dim=1).cpu().tolist()  # the single transfer
+        DECISION_ROW.check(rows[0])
         times.features_ms += (t1 - t0) * 1e3
         times.policy_ms += (time.perf_counter() - t1) * 1e3
         return Decision(
@@ -392,7 +397,6 @@ class VectorizedTrainer:
     ) -> None:
         """Step 5: per env decode, execute, reward; one buffer write for all envs."""
         t0 = time.perf_counter()
-        n_heads = len(HEAD_NAMES)
         terminal = step == self.horizon - 1
         normal = self.hub.enabled(TelemetryLevel.NORMAL)
         self._emit_pending_rewards(envs, rnd)  # the previous step's, past its governor check
@@ -400,7 +404,7 @@ class VectorizedTrainer:
         breakdowns = []
         op_names: list[str] = []
         for env, row in zip(envs, d.rows, strict=True):
-            indices = [int(v) for v in row[:n_heads]]
+            indices = [int(v) for v in DECISION_ROW.get(row, "actions")]
             action = decode_action(indices, self.space)
             op_names.append(action.op.name)
             outcome = execute_action(env, action, step=step, initiator=self.initiator)
@@ -413,7 +417,7 @@ class VectorizedTrainer:
             breakdowns.append(br)
             self._emit_records(env, rnd, step)
             if normal:
-                op_mask = [bool(v) for v in row[n_heads + 2 + 6 :]]
+                op_mask = [bool(v) for v in DECISION_ROW.get(row, "op_mask")]
                 emitters.emit_action(
                     self.hub,
                     indices=indices,
@@ -423,9 +427,9 @@ class VectorizedTrainer:
                     alpha_target=action.alpha_target,
                     executed=outcome.executed,
                     op_mask=op_mask,
-                    value=row[n_heads + 1],
-                    log_prob=row[n_heads],
-                    op_prob=row[n_heads + 2 + indices[0]],
+                    value=DECISION_ROW.one(row, "value"),
+                    log_prob=DECISION_ROW.one(row, "log_prob"),
+                    op_prob=DECISION_ROW.get(row, "op_probs")[indices[0]],
                     rnd=rnd,
                     env=env.index,
                     step=step,

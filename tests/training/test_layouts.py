@@ -1,0 +1,62 @@
+"""Named layouts of the hot path's packed rows (issue 15): packer and unpacker share one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.core.layout import Layout
+from esper.policy.actions import N_HEADS, N_OPS
+from esper.training.batch_ops import _unpack, val_layout
+from esper.training.env_state import TRAIN_ACCUM
+from esper.training.ppo import METRICS_LAYOUT
+from esper.training.trainer import DECISION_ROW
+
+
+def test_layout_slices_follow_declaration_order() -> None:
+    lay = Layout(("a", 2), ("b", 1), ("c", 3))
+    row = [0, 1, 2, 3, 4, 5]
+    assert lay.width == 6
+    assert lay.get(row, "a") == [0, 1] and lay.one(row, "b") == 2 and lay.get(row, "c") == [3, 4, 5]
+    assert torch.equal(torch.arange(6)[lay["c"]], torch.tensor([3, 4, 5]))
+
+
+def test_layout_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="'a' declared twice"):
+        Layout(("a", 1), ("a", 2))
+    lay = Layout(("a", 2))
+    with pytest.raises(KeyError, match="no field 'z'"):
+        lay["z"]
+    with pytest.raises(ValueError, match="'a' has width 2"):
+        lay.one([1, 2], "a")
+    with pytest.raises(ValueError, match="3 values, layout declares 2"):
+        lay.check([1, 2, 3])
+
+
+def test_decision_row_op_mask_width_is_n_ops_not_a_literal() -> None:
+    assert DECISION_ROW["op_mask"] == slice(N_HEADS + 2 + N_OPS, N_HEADS + 2 + 2 * N_OPS)
+    assert DECISION_ROW.width == N_HEADS + 2 + 2 * N_OPS
+
+
+def test_ppo_metrics_layout_covers_every_packed_stat() -> None:
+    assert METRICS_LAYOUT.names[-3:] == ("explained_variance", "value_mean", "return_mean")
+    assert METRICS_LAYOUT.width == 7 + 2 * N_HEADS + 3
+
+
+def test_step_stats_unpack_by_layout() -> None:
+    """Two envs with different config counts and extras unpack to their own numbers."""
+    rows = [
+        ([2.0, 3.0, 4.0], [10.0, 5.0, 4.0], [0.5], []),  # K=1, no extras
+        ([6.0, 1.0, 2.0], [8.0, 4.0, 3.0, 1.0], [0.1, 0.2], [9.0]),  # K=2
+    ]
+    layouts = [
+        Layout(("train", TRAIN_ACCUM.width), ("val", len(v)), ("grads", len(g)), ("extra", len(e)))
+        for _, v, g, e in rows
+    ]
+    host = [x for r in rows for part in r for x in part]
+    a, b = _unpack(host, layouts)
+    assert (a.train_loss, a.train_acc, a.val_loss, a.val_acc) == (2.0 / 4, 75.0, 2.0, 80.0)
+    assert a.config_accs == (80.0,) and a.grad_norms == (0.5,) and a.extra == ()
+    assert (b.train_loss, b.val_loss, b.config_accs) == (3.0, 2.0, (75.0, 25.0))
+    assert b.grad_norms == (0.1, 0.2) and b.extra == (9.0,)
+    assert val_layout(2).width == 4
