@@ -96,6 +96,15 @@ class Hub:
     def emit(self, event: Event) -> None:
         raise NotImplementedError
 
+    def _stamp(self, event: Event) -> None:
+        """Fill the envelope in place and take the next ``seq`` (caller holds the lock)."""
+        seq = self._seq
+        self._seq = seq + 1
+        _force_setattr(event, "run_id", self.run_id)
+        _force_setattr(event, "seq", seq)
+        _force_setattr(event, "ts_ns", _time_ns())
+        _force_setattr(event, "rank", self.rank)
+
     @property
     def next_seq(self) -> int:
         """The ``seq`` the next recorded event gets (store it in checkpoints)."""
@@ -199,12 +208,7 @@ class TelemetryHub(Hub):
                     self._writer.counters.dropped += 1
                     return
                 self._writer.wait_for_room_locked()
-            seq = self._seq
-            self._seq = seq + 1
-            _force_setattr(event, "run_id", self.run_id)
-            _force_setattr(event, "seq", seq)
-            _force_setattr(event, "ts_ns", _time_ns())
-            _force_setattr(event, "rank", self.rank)
+            self._stamp(event)
             buf.append(event)
 
     def _append_unfiltered(self, event: Event) -> None:
@@ -212,12 +216,7 @@ class TelemetryHub(Hub):
         with self._lock:
             if len(self._buf) >= self._capacity:
                 self._writer.wait_for_room_locked()
-            seq = self._seq
-            self._seq = seq + 1
-            _force_setattr(event, "run_id", self.run_id)
-            _force_setattr(event, "seq", seq)
-            _force_setattr(event, "ts_ns", _time_ns())
-            _force_setattr(event, "rank", self.rank)
+            self._stamp(event)
             self._buf.append(event)
 
     def _raise_unusable(self) -> None:
@@ -312,12 +311,7 @@ class MemoryHub(Hub):
             self._stamp_and_store(event)
 
     def _stamp_and_store(self, event: Event) -> None:
-        seq = self._seq
-        self._seq = seq + 1
-        _force_setattr(event, "run_id", self.run_id)
-        _force_setattr(event, "seq", seq)
-        _force_setattr(event, "ts_ns", _time_ns())
-        _force_setattr(event, "rank", self.rank)
+        self._stamp(event)
         self.events.append(event)
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:

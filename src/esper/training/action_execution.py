@@ -20,7 +20,6 @@ class ActionOutcome(msgspec.Struct, frozen=True, kw_only=True):
     executed: bool
     slot_before: SlotReport | None
     slot_after: SlotReport | None
-    fossilized: bool = False
 
 
 def _report(env: EnvState, slot_id: str | None) -> SlotReport | None:
@@ -87,8 +86,7 @@ def execute_action(
     before = _report(env, action.slot_id)
     executed = _apply(env, action, initiator)
     sync_seed_optimizers(env)
-    fossilized = executed and action.op == LifecycleOp.FOSSILIZE
-    if fossilized:
+    if executed and action.op == LifecycleOp.FOSSILIZE:
         env.governor.maybe_snapshot(step, env.model, force=True)
     env.last_op = int(action.op)
     env.last_success = executed
@@ -96,5 +94,4 @@ def execute_action(
         executed=executed,
         slot_before=before,
         slot_after=_report(env, action.slot_id),
-        fossilized=fossilized,
     )

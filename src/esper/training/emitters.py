@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
-from esper.core.enums import LifecycleOp
+from esper.core.constants import HEAD_NAMES
 from esper.core.records import (
     CounterfactualRecord,
     GateRecord,
@@ -188,10 +187,6 @@ def emit_action(
             op_prob=op_prob,
         )
     )
-
-
-def relevant_heads_for(op_index: int) -> frozenset[str]:
-    return RELEVANT_HEADS[LifecycleOp(op_index)]
 
 
 def emit_ppo(hub: Hub, m: PPOMetrics, *, rnd: int) -> None:

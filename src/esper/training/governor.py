@@ -56,10 +56,6 @@ class Governor:
         self.snapshot_step = -1
         self.rollbacks = 0
 
-    @property
-    def has_snapshot(self) -> bool:
-        return self._snapshot is not None
-
     def maybe_snapshot(self, step: int, model: GovernedModel, *, force: bool = False) -> bool:
         """Snapshot on the first call, every ``snapshot_every`` epochs, or when forced.
 

@@ -17,6 +17,7 @@ Collaborators (hub, task data, policy) are injected; see :mod:`esper.training.ru
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -278,7 +279,7 @@ class VectorizedTrainer:
             reports = env.model.slot_reports()
             cf = attribute(plan, st.config_accs, [r.slot_id for r in reports], reports)
             for slot, contribution in zip(cf.slots, cf.contributions, strict=True):
-                if contribution == contribution:  # measured (not NaN)
+                if not math.isnan(contribution):  # measured
                     env.model.record_contribution(slot, contribution)
             env.model.apply_grad_norms(st.grad_norms)
             self._governor_check(env, st, rnd, step)  # after a rollback: restored metrics
