@@ -128,7 +128,7 @@ class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     accuracy_weight: NonNegativeFloat = 0.1
     #: ``accuracy`` family: cost per unit of (seed parameters / host parameters), paid
     #: as the seed parameters change (germinate pays, prune refunds).
-    param_cost_weight: NonNegativeFloat = 0.2
+    param_cost_weight: NonNegativeFloat = 0.05
     normalize: bool = True
 
 

@@ -284,7 +284,7 @@ def test_accuracy_family_telescopes_to_final_gain_minus_final_parameter_cost() -
     seeds = [0, 296, 296, 0, 592, 460]
     rewards = _episode(accs, seeds)
     assert sum(b.attribution for b in rewards) == pytest.approx(0.1 * (73.5 - 20.0))
-    assert sum(b.rent for b in rewards) == pytest.approx(-0.2 * 460 / HOST)
+    assert sum(b.rent for b in rewards) == pytest.approx(-ACC.param_cost_weight * 460 / HOST)
     assert rewards[0].attribution == 0.0  # no previous accuracy: nothing to credit
     assert sum(b.terminal for b in rewards) == pytest.approx(0.05 * 0.735)
 
@@ -333,7 +333,7 @@ def test_eager_growth_out_earns_the_static_host_iff_it_pays_in_accuracy() -> Non
     param_cost_weight / accuracy_weight pp per doubling of the host)."""
     cfg = RewardConfig(family=RewardFamily.ACCURACY, shaping=False)
     static = sum(b.total for b in _episode([30.0, 60.0, 72.0], [0, 0, 0], cfg))
-    breakeven = 0.2 / 0.1 * 296 / HOST
+    breakeven = cfg.param_cost_weight / cfg.accuracy_weight * 296 / HOST
     for gain in (-0.5, 0.0, 0.5 * breakeven, 1.5 * breakeven, 1.4):
         grown = sum(b.total for b in _episode([30.0, 60.0, 72.0 + gain], [296, 296, 296], cfg))
         assert (grown > static) == (gain > breakeven), gain
@@ -388,10 +388,10 @@ def test_trainer_pays_the_accuracy_family_as_telescoping_sums(tmp_path: Path) ->
         seeds = [steps[env, t].seed_params for t in range(6)]
         host = steps[env, 0].host_params
         credit = sum(rewards[env, t].attribution for t in range(6))
-        assert credit == pytest.approx(0.1 * (accs[-1] - accs[0]), abs=1e-9)
+        assert credit == pytest.approx(0.1 * (accs[-1] - accs[0]), abs=1e-9)  # the defaults
         for t in range(6):
             before = seeds[t - 1] if t else 0
-            assert rewards[env, t].rent == pytest.approx(-0.2 * (seeds[t] - before) / host)
+            assert rewards[env, t].rent == pytest.approx(-0.05 * (seeds[t] - before) / host)
             assert rewards[env, t].fossilize_bonus == rewards[env, t].germinate_cost == 0.0
         grew = grew or max(seeds) > 0
     assert grew  # the untrained policy germinates: the cost was exercised
