@@ -190,21 +190,22 @@ def _segments(scans: dict[str, pl.LazyFrame], seeds: pl.LazyFrame, key: list[str
     A piece ends where the seed's next transition happens (rows sorted by seed, then
     ``seq``); the last one (fossilized, or alive at the end) runs to the episode's end.
     """
-    columns = [*SEED_KEY, SEED_HASH, "seq", "step"]
+    columns = [*key, "seq", "step"]  # narrow: the key columns are joined back at the end
     starts = pl.concat(
         [
             scans["seed_germinated"].select(*columns, stage=pl.lit(SeedStage.GERMINATED.value)),
             scans["seed_stage_changed"].select(*columns, stage="to_stage"),
         ]
     )
-    ends = seeds.select(*key, "episode_end_step", "ended_step")
+    rest = [c for c in SEED_KEY if c not in key]
+    ends = seeds.select(*key, *rest, "episode_end_step", "ended_step")
     same_seed = pl.all_horizontal(pl.col(k) == pl.col(k).shift(-1) for k in key)
     return (
-        starts.join(ends, on=key, how="left", nulls_equal=True)
-        .sort(*key, "seq")
+        starts.sort(*key, "seq")
         .with_columns(next_step=pl.when(same_seed).then(pl.col("step").shift(-1)))
-        .with_columns(end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"))
         .filter(pl.col("stage").is_in(TIMELINE_STAGES))
+        .join(ends, on=key, how="left", nulls_equal=True)
+        .with_columns(end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"))
         .select(*SEED_KEY, "stage", start_step="step", end_step="end_step")
         .sort("run_id", "rank", "round", "env", "start_step")
     )
