@@ -87,18 +87,8 @@ def emit_reward(
             step=step,
             family=family,
             op=op,
-            attribution=br.attribution,
-            stage_shaping=br.stage_shaping,
-            rent=br.rent,
-            alpha_shock=br.alpha_shock,
-            germinate_cost=br.germinate_cost,
-            fossilize_bonus=br.fossilize_bonus,
-            prune_penalty=br.prune_penalty,
-            invalid_penalty=br.invalid_penalty,
-            loss_delta=br.loss_delta,
-            terminal=br.terminal,
-            rollback_penalty=br.rollback_penalty,
-            total=br.total,
+            # every breakdown field (tests/training/test_record_event_fields.py)
+            **{name: getattr(br, name) for name in RewardBreakdown.__struct_fields__},
             normalized=normalized,
         )
     )
