@@ -26,6 +26,15 @@ DEFAULT_MAX_SEEDS: Final = 3
 FORWARD_STAGES: Final = frozenset(
     {SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED}
 )
+#: While any slot holds a seed in one of these stages, nothing new may germinate (the
+#: policy's action mask and the demo stream both read this one rule).
+GERMINATE_BLOCKING: Final = (
+    SeedStage.GERMINATED,
+    SeedStage.TRAINING,
+    SeedStage.PRUNED,
+    SeedStage.EMBARGOED,
+    SeedStage.RESETTING,
+)
 #: Allowed transitions; anything else raises.
 TRANSITIONS: Final[dict[SeedStage, frozenset[SeedStage]]] = {
     SeedStage.DORMANT: frozenset({SeedStage.GERMINATED}),

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper.core.constants import HEAD_NAMES, MIN_PRUNE_AGE
+from esper.core.constants import GERMINATE_BLOCKING, HEAD_NAMES, MIN_PRUNE_AGE
 from esper.core.enums import LifecycleOp, SeedStage
 from esper.core.records import SlotReport
 from esper.policy.actions import N_OPS, ActionSpace
@@ -24,14 +24,6 @@ from esper.policy.actions import N_OPS, ActionSpace
 STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
 STAGE_CODE: dict[SeedStage, int] = {s: i for i, s in enumerate(STAGES)}
 
-#: While any slot holds a seed in one of these stages, nothing new may germinate.
-GERMINATE_BLOCKING = (
-    SeedStage.GERMINATED,
-    SeedStage.TRAINING,
-    SeedStage.PRUNED,
-    SeedStage.EMBARGOED,
-    SeedStage.RESETTING,
-)
 #: Stages that count against the seed limit (a seed occupies the slot).
 OCCUPYING = (
     SeedStage.GERMINATED,

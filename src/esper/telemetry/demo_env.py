@@ -17,6 +17,7 @@ from typing import Final
 from esper.core.constants import (
     ALPHA_TARGETS,
     EMBARGO_EPOCHS,
+    GERMINATE_BLOCKING,
     HEAD_NAMES,
     MIN_PRUNE_AGE,
     RELEVANT_HEADS,
@@ -58,15 +59,7 @@ OP_WEIGHTS: Final[dict[LifecycleOp, float]] = {
     LifecycleOp.FOSSILIZE: 4.0,
     LifecycleOp.ADVANCE: 4.0,
 }
-_BLOCKS_GERMINATION: Final = frozenset(
-    {
-        SeedStage.GERMINATED,
-        SeedStage.TRAINING,
-        SeedStage.PRUNED,
-        SeedStage.EMBARGOED,
-        SeedStage.RESETTING,
-    }
-)
+_BLOCKS_GERMINATION: Final = frozenset(GERMINATE_BLOCKING)  # the policy mask's rule
 _ADVANCE_TO: Final = {
     SeedStage.GERMINATED: (SeedStage.TRAINING, GateId.G1),
     SeedStage.TRAINING: (SeedStage.BLENDING, GateId.G2),
