@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from esper.core.constants import ALL_BLUEPRINTS, HEAD_NAMES
+from esper.core.constants import ALL_BLUEPRINTS, HEAD_NAMES, SUCCESS_PATH
 from esper.core.enums import LifecycleOp, RunStatus, SeedStage
 from esper.core.records import REWARD_COMPONENTS
 from esper.telemetry.events import SCHEMA_VERSION
@@ -44,16 +44,7 @@ from esper_analysis.synth_plan import (
 
 SYNTH_N_ENVS: Final = 4
 SYNTH_EPISODE_LENGTH: Final = 25
-_STAGES: Final = tuple(
-    s.value
-    for s in (
-        SeedStage.GERMINATED,
-        SeedStage.TRAINING,
-        SeedStage.BLENDING,
-        SeedStage.HOLDING,
-        SeedStage.FOSSILIZED,
-    )
-)
+_STAGES: Final = tuple(s.value for s in SUCCESS_PATH)  # the real lifecycle's order
 _GATES: Final = ("G1", "G2", "G3", "G5")
 _OPS: Final = tuple(op.name for op in LifecycleOp)
 _ROLLBACK_P: Final = 0.02

@@ -26,8 +26,9 @@ DEFAULT_MAX_SEEDS: Final = 3
 FORWARD_STAGES: Final = frozenset(
     {SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED}
 )
-#: While any slot holds a seed in one of these stages, nothing new may germinate (the
-#: policy's action mask and the demo stream both read this one rule).
+# Action-mask rules by stage, torch-free so that the policy's masks (policy/masks.py)
+# and the demo stream (telemetry/demo_env.py) read the same ones.
+#: While any slot holds a seed in one of these stages, nothing new may germinate.
 GERMINATE_BLOCKING: Final = (
     SeedStage.GERMINATED,
     SeedStage.TRAINING,
@@ -35,6 +36,18 @@ GERMINATE_BLOCKING: Final = (
     SeedStage.EMBARGOED,
     SeedStage.RESETTING,
 )
+#: Stages that count against the seed limit (a seed occupies the slot).
+OCCUPYING: Final = (
+    SeedStage.GERMINATED,
+    SeedStage.TRAINING,
+    SeedStage.BLENDING,
+    SeedStage.HOLDING,
+    SeedStage.FOSSILIZED,
+)
+#: Stages whose seed may be pruned (every occupying stage but FOSSILIZED).
+PRUNABLE: Final = (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING)
+#: Stages whose alpha target may be changed.
+RETARGETABLE: Final = (SeedStage.BLENDING, SeedStage.HOLDING)
 #: Allowed transitions; anything else raises.
 TRANSITIONS: Final[dict[SeedStage, frozenset[SeedStage]]] = {
     SeedStage.DORMANT: frozenset({SeedStage.GERMINATED}),
@@ -47,6 +60,14 @@ TRANSITIONS: Final[dict[SeedStage, frozenset[SeedStage]]] = {
     SeedStage.EMBARGOED: frozenset({SeedStage.RESETTING}),
     SeedStage.RESETTING: frozenset({SeedStage.DORMANT}),
 }
+#: The stages a seed passes through when every gate passes (germination to fossilization).
+SUCCESS_PATH: Final = (
+    SeedStage.GERMINATED,
+    SeedStage.TRAINING,
+    SeedStage.BLENDING,
+    SeedStage.HOLDING,
+    SeedStage.FOSSILIZED,
+)
 
 # --- Alpha controller ------------------------------------------------------------------
 ALPHA_TARGETS: Final = (0.5, 0.7, 1.0)

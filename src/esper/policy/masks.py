@@ -16,7 +16,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper.core.constants import GERMINATE_BLOCKING, HEAD_NAMES, MIN_PRUNE_AGE
+from esper.core.constants import (
+    GERMINATE_BLOCKING,
+    HEAD_NAMES,
+    MIN_PRUNE_AGE,
+    OCCUPYING,
+    PRUNABLE,
+    RETARGETABLE,
+)
 from esper.core.enums import LifecycleOp, SeedStage
 from esper.core.records import SlotReport
 from esper.policy.actions import N_OPS, ActionSpace
@@ -24,17 +31,7 @@ from esper.policy.actions import N_OPS, ActionSpace
 STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
 STAGE_CODE: dict[SeedStage, int] = {s: i for i, s in enumerate(STAGES)}
 
-#: Stages that count against the seed limit (a seed occupies the slot).
-OCCUPYING = (
-    SeedStage.GERMINATED,
-    SeedStage.TRAINING,
-    SeedStage.BLENDING,
-    SeedStage.HOLDING,
-    SeedStage.FOSSILIZED,
-)
-PRUNABLE = (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING)
 ADVANCEABLE_ANYTIME = (SeedStage.GERMINATED, SeedStage.TRAINING)
-RETARGETABLE = (SeedStage.BLENDING, SeedStage.HOLDING)
 
 
 def _codes(stages: Sequence[SeedStage]) -> np.ndarray:

@@ -20,8 +20,11 @@ from esper.core.constants import (
     GERMINATE_BLOCKING,
     HEAD_NAMES,
     MIN_PRUNE_AGE,
+    OCCUPYING,
+    PRUNABLE,
     RELEVANT_HEADS,
     RESETTING_EPOCHS,
+    RETARGETABLE,
     STYLE_BLEND,
     TEMPOS,
     TRANSITIONS,
@@ -65,8 +68,8 @@ _ADVANCE_TO: Final = {
     SeedStage.TRAINING: (SeedStage.BLENDING, GateId.G2),
     SeedStage.BLENDING: (SeedStage.HOLDING, GateId.G3),
 }
-_LIVE: Final = frozenset({SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING})
-_LIVE_OR_HOLDING: Final = _LIVE | {SeedStage.HOLDING}
+_OCCUPYING: Final = frozenset(OCCUPYING)  # the policy mask's rules, as sets
+_PRUNABLE: Final = frozenset(PRUNABLE)
 
 
 @dataclass
@@ -176,7 +179,7 @@ class DemoEnv:
         boost = sum(s.contribution for s in self.slots if not math.isnan(s.contribution))
         self.val_acc = min(99.0, self.val_acc + (95.0 - self.val_acc) * 0.08 + 0.05 * boost)
         self.val_loss = max(0.05, 2.3 * (1.0 - self.val_acc / 100.0) + r.gauss(0.0, 0.02))
-        active = [s for s in self.slots if s.stage in _LIVE_OR_HOLDING | {SeedStage.FOSSILIZED}]
+        active = [s for s in self.slots if s.stage in _OCCUPYING]
         self.hub.emit(
             ev.EnvStep(
                 round=self.rnd,
@@ -199,7 +202,7 @@ class DemoEnv:
     def _counterfactual(self) -> None:
         contributions, reasons = [], []
         for slot in self.slots:
-            if slot.stage not in _LIVE_OR_HOLDING | {SeedStage.FOSSILIZED}:
+            if slot.stage not in _OCCUPYING:
                 reason = CounterfactualUnavailable.NO_SEED
             elif math.isnan(slot.contribution):
                 reason = CounterfactualUnavailable.ALPHA_ZERO
@@ -228,14 +231,16 @@ class DemoEnv:
 
     def _op_mask(self) -> dict[LifecycleOp, bool]:
         stages = [s.stage for s in self.slots]
-        live = sum(1 for s in stages if s in _LIVE_OR_HOLDING)
+        # Unlike the real mask (OCCUPYING), the demo does not count fossilized seeds
+        # against MAX_SEEDS; kept so that the demo stream stays the same.
+        live = sum(1 for s in stages if s in _PRUNABLE)
         return {
             LifecycleOp.WAIT: True,
             LifecycleOp.GERMINATE: SeedStage.DORMANT in stages
             and live < MAX_SEEDS
             and not any(s in _BLOCKS_GERMINATION for s in stages),
             LifecycleOp.SET_ALPHA_TARGET: any(
-                s.stage in (SeedStage.BLENDING, SeedStage.HOLDING) and s.at_rest for s in self.slots
+                s.stage in RETARGETABLE and s.at_rest for s in self.slots
             ),
             LifecycleOp.PRUNE: any(self._prunable(s) for s in self.slots),
             LifecycleOp.FOSSILIZE: SeedStage.HOLDING in stages,
@@ -258,7 +263,7 @@ class DemoEnv:
 
     @staticmethod
     def _prunable(slot: _Slot) -> bool:
-        return slot.stage in _LIVE_OR_HOLDING and slot.age >= MIN_PRUNE_AGE and slot.at_rest
+        return slot.stage in _PRUNABLE and slot.age >= MIN_PRUNE_AGE and slot.at_rest
 
     def _pick_slot(self, op: LifecycleOp) -> _Slot:
         wanted: Callable[[_Slot], bool] = {
@@ -439,7 +444,7 @@ class DemoEnv:
         self, op: LifecycleOp, executed: bool, shaping: float, step: int, *, terminal: bool
     ) -> None:
         """Reward of the decision taken at ``step`` (components sum to the total)."""
-        live = [s for s in self.slots if s.stage in _LIVE_OR_HOLDING]
+        live = [s for s in self.slots if s.stage in _PRUNABLE]
         measured = [s.contribution for s in live if not math.isnan(s.contribution)]
         breakdown = make_breakdown(
             attribution=0.1 * sum(measured),
@@ -477,7 +482,7 @@ class DemoEnv:
         step = self._step
         last_snapshot = step - step % SNAPSHOT_EVERY
         loss = self.val_loss * 40.0
-        pruned = [s for s in self.slots if s.stage in _LIVE_OR_HOLDING]
+        pruned = [s for s in self.slots if s.stage in _PRUNABLE]
         for slot in pruned:
             self._prune(slot, PruneReason.GOVERNOR_ROLLBACK, Initiator.GOVERNOR)
         self.hub.emit(
