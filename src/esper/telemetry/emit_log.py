@@ -14,54 +14,24 @@ import os
 from pathlib import Path
 from typing import Final
 
-from esper.core.enums import RunStatus, TelemetryLevel
+from esper.core.enums import RunStatus
 from esper.telemetry.events import Event
-from esper.telemetry.hub import UNSTAMPED_SEQ, Hub
+from esper.telemetry.hub import UNSTAMPED_SEQ, DelegatingHub, Hub
 
 EMIT_LOG_ENV: Final = "ESPER_EMIT_LOG"
 
 
-class EmitLogHub(Hub):
+class EmitLogHub(DelegatingHub):
     """Delegates everything to ``inner``; logs ``seq`` and ``ts_ns`` of each recorded event."""
 
     def __init__(self, inner: Hub, path: str | os.PathLike[str]) -> None:
-        # Deliberately not calling Hub.__init__: every piece of state lives in ``inner``.
-        self._inner = inner
-        self.run_id = inner.run_id
-        self.rank = inner.rank
-        self.run_dir = inner.run_dir
+        super().__init__(inner)
         self._fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    @property
-    def level(self) -> TelemetryLevel:
-        return self._inner.level
-
-    @level.setter
-    def level(self, value: TelemetryLevel) -> None:
-        self._inner.level = value
-
-    def enabled(self, level: TelemetryLevel) -> bool:
-        return self._inner.enabled(level)
 
     def emit(self, event: Event) -> None:
         self._inner.emit(event)
         if event.seq != UNSTAMPED_SEQ and self._fd >= 0:
             os.write(self._fd, f"{event.seq} {event.ts_ns}\n".encode())
-
-    @property
-    def next_seq(self) -> int:
-        return self._inner.next_seq
-
-    @property
-    def events_emitted(self) -> int:
-        return self._inner.events_emitted
-
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    def flush(self) -> None:
-        self._inner.flush()
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         try:

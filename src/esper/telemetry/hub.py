@@ -73,21 +73,16 @@ def _writer_stats_event(c: WriterCounters) -> WriterStatsEvent:
 
 
 class Hub:
-    """Interface shared by every hub; producers should annotate with this type."""
+    """Interface shared by every hub; producers should annotate with this type.
+
+    It holds no state: :class:`StampingHub` owns a run's ``seq`` counter and stamps
+    envelopes; :class:`DelegatingHub` wraps another hub and forwards to it.
+    """
 
     run_id: str
     rank: int
     level: TelemetryLevel
     run_dir: Path | None
-
-    def __init__(self, run_id: str, *, level: TelemetryLevel, rank: int, start_seq: int) -> None:
-        self.run_id = run_id
-        self.rank = rank
-        self.level = level
-        self.run_dir = None
-        self._seq = start_seq
-        self._start_seq = start_seq
-        self._closed = False
 
     def enabled(self, level: TelemetryLevel) -> bool:
         """Whether events of ``level`` are recorded (use it to skip building them)."""
@@ -96,28 +91,19 @@ class Hub:
     def emit(self, event: Event) -> None:
         raise NotImplementedError
 
-    def _stamp(self, event: Event) -> None:
-        """Fill the envelope in place and take the next ``seq`` (caller holds the lock)."""
-        seq = self._seq
-        self._seq = seq + 1
-        _force_setattr(event, "run_id", self.run_id)
-        _force_setattr(event, "seq", seq)
-        _force_setattr(event, "ts_ns", _time_ns())
-        _force_setattr(event, "rank", self.rank)
-
     @property
     def next_seq(self) -> int:
         """The ``seq`` the next recorded event gets (store it in checkpoints)."""
-        return self._seq
+        raise NotImplementedError
 
     @property
     def events_emitted(self) -> int:
         """Events recorded by this hub (filtered and dropped events excluded)."""
-        return self._seq - self._start_seq
+        raise NotImplementedError
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        raise NotImplementedError
 
     def set_level(
         self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
@@ -138,7 +124,7 @@ class Hub:
         """Block until every event emitted so far is durable (no-op for in-memory hubs)."""
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
-        self._closed = True
+        raise NotImplementedError
 
     def __enter__(self) -> Self:
         return self
@@ -162,7 +148,89 @@ class Hub:
                 exc.add_note(f"telemetry could not be closed cleanly: {close_error}")
 
 
-class TelemetryHub(Hub):
+class StampingHub(Hub):
+    """A hub that owns the run's ``seq`` counter and stamps each recorded event."""
+
+    def __init__(self, run_id: str, *, level: TelemetryLevel, rank: int, start_seq: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.level = level
+        self.run_dir = None
+        self._seq = start_seq
+        self._start_seq = start_seq
+        self._closed = False
+
+    def _stamp(self, event: Event) -> None:
+        """Fill the envelope in place and take the next ``seq`` (caller holds the lock)."""
+        seq = self._seq
+        self._seq = seq + 1
+        _force_setattr(event, "run_id", self.run_id)
+        _force_setattr(event, "seq", seq)
+        _force_setattr(event, "ts_ns", _time_ns())
+        _force_setattr(event, "rank", self.rank)
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    @property
+    def events_emitted(self) -> int:
+        return self._seq - self._start_seq
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        self._closed = True
+
+
+class DelegatingHub(Hub):
+    """Wraps ``inner``: every piece of state (level, ``seq``, writer) lives there.
+
+    Subclasses override what they change (``emit``, ``close``) and forward the rest.
+    """
+
+    def __init__(self, inner: Hub, *, rank: int | None = None) -> None:
+        self._inner = inner
+        self.run_id = inner.run_id
+        self.rank = inner.rank if rank is None else rank
+        self.run_dir = inner.run_dir
+
+    @property
+    def level(self) -> TelemetryLevel:
+        return self._inner.level
+
+    @level.setter
+    def level(self, value: TelemetryLevel) -> None:
+        self._inner.level = value
+
+    def enabled(self, level: TelemetryLevel) -> bool:
+        return self._inner.enabled(level)
+
+    def emit(self, event: Event) -> None:
+        self._inner.emit(event)
+
+    @property
+    def next_seq(self) -> int:
+        return self._inner.next_seq
+
+    @property
+    def events_emitted(self) -> int:
+        return self._inner.events_emitted
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
+        self._inner.close(status, error)
+
+
+class TelemetryHub(StampingHub):
     """Hub backed by the background Parquet writer; create it with :func:`open_run`."""
 
     def __init__(
@@ -262,7 +330,7 @@ class TelemetryHub(Hub):
         self._append_unfiltered(_writer_stats_event(self._writer.counters))
 
 
-class NullHub(Hub):
+class NullHub(StampingHub):
     """Level ``off``: nothing is recorded and nothing touches the disk."""
 
     def __init__(self, run_id: str = "null", *, rank: int = 0, start_seq: int = 0) -> None:
@@ -280,7 +348,7 @@ class NullHub(Hub):
         return None
 
 
-class MemoryHub(Hub):
+class MemoryHub(StampingHub):
     """Keeps stamped events in ``events`` (same filtering and stamping as the real hub)."""
 
     def __init__(

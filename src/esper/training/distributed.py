@@ -30,12 +30,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from esper.config import RunConfig
-from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.iterator import SharedBatchIterator
 from esper.errors import CheckpointError, UserError
 from esper.telemetry import events as ev
 from esper.telemetry.events import Event
-from esper.telemetry.hub import Hub
+from esper.telemetry.hub import DelegatingHub, Hub
 from esper.training.learner import POLICY_SEED_OFFSET, Learner
 
 #: Default seconds a collective waits for the other ranks before failing the run.
@@ -326,7 +325,7 @@ class RankShardIterator(SharedBatchIterator):
         return rows[self.env_offset : self.env_offset + self.n_envs]
 
 
-class RankHub(Hub):
+class RankHub(DelegatingHub):
     """A rank's hub: run-level events (:data:`RUN_LEVEL_EVENTS`) only on rank 0.
 
     Every rank writes its own ``rank=<r>`` partitions with its own contiguous ``seq``;
@@ -335,43 +334,10 @@ class RankHub(Hub):
     """
 
     def __init__(self, inner: Hub, *, rank: int) -> None:
-        # Like EmitLogHub: all state lives in ``inner``.
-        self._inner = inner
-        self.run_id = inner.run_id
-        self.rank = rank
-        self.run_dir = inner.run_dir
+        super().__init__(inner, rank=rank)
         self._drop_run_level = rank != 0
-
-    @property
-    def level(self) -> TelemetryLevel:
-        return self._inner.level
-
-    @level.setter
-    def level(self, value: TelemetryLevel) -> None:
-        self._inner.level = value
-
-    def enabled(self, level: TelemetryLevel) -> bool:
-        return self._inner.enabled(level)
 
     def emit(self, event: Event) -> None:
         if self._drop_run_level and isinstance(event, RUN_LEVEL_EVENTS):
             return
         self._inner.emit(event)
-
-    @property
-    def next_seq(self) -> int:
-        return self._inner.next_seq
-
-    @property
-    def events_emitted(self) -> int:
-        return self._inner.events_emitted
-
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    def flush(self) -> None:
-        self._inner.flush()
-
-    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
-        self._inner.close(status, error)
