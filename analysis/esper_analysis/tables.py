@@ -53,6 +53,8 @@ def format_value(value: Any) -> str:
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
+        if value == 0:  # also -0.0, which "g" formatting prints as "-0"
+            return "0"
         if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
             return f"{value:.3e}"
         return f"{value:.4g}"

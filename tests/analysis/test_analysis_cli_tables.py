@@ -108,3 +108,10 @@ def test_a_one_run_analysis_given_a_directory_of_runs_says_how(
     assert code == 2 and out == ""
     assert "holds 2 runs (first, second)" in err
     assert str(root / "first") in err
+
+
+def test_negative_zero_prints_as_zero() -> None:
+    from esper_analysis.tables import format_value
+
+    assert format_value(-0.0) == "0" and format_value(0.0) == "0"
+    assert format_value(-0.25) == "-0.25" and format_value(-1e-5) == "-1.000e-05"
