@@ -65,3 +65,12 @@ def test_train_batch_steps_only_optimizers_with_gradients(scaled: bool) -> None:
     seed_opt = next(iter(env.seed_optimizers.values()))
     train_batch(env, x, y, PassOptions(amp=AmpMode.OFF, channels_last=False), inject_nan=False)
     assert not seed_opt.state, "an optimizer without gradients must not be stepped"
+
+
+def test_amp_asked_for_on_cpu_warns_and_resolves_off() -> None:
+    from esper.training.learner import resolve_amp
+
+    cfg = with_overrides(Config(), {"run.amp": "fp16"})
+    with pytest.warns(UserWarning, match="needs a CUDA device"):
+        assert resolve_amp(cfg, torch.device("cpu")) == AmpMode.OFF
+    assert resolve_amp(Config(), torch.device("cpu")) == AmpMode.OFF  # no warning asked for

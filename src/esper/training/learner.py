@@ -9,6 +9,7 @@ uses the same class with learning switched off, so both commands emit the same e
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,8 +33,17 @@ POLICY_SEED_OFFSET = 7_919
 
 
 def resolve_amp(cfg: Config, device: torch.device) -> AmpMode:
-    """AMP only exists on CUDA; on CPU the resolved setting is OFF (and reported so)."""
-    return cfg.run.amp if device.type == "cuda" else AmpMode.OFF
+    """AMP only exists on CUDA; on CPU the resolved setting is OFF, reported in run_started
+    and, when the config asked for AMP, with a warning (the CLI refuses it outright)."""
+    if device.type == "cuda":
+        return cfg.run.amp
+    if cfg.run.amp != AmpMode.OFF:
+        warnings.warn(
+            f"run.amp = {cfg.run.amp.value!r} needs a CUDA device; running on {device} "
+            "without mixed precision",
+            stacklevel=3,
+        )
+    return AmpMode.OFF
 
 
 class Learner:
