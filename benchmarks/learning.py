@@ -246,7 +246,43 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], rounds: int) -> dict[s
                 mean, se = _mean_se(diffs)
                 paired[f"ppo-{other}:{key}"] = {"mean": mean, "se": se, "n": len(diffs)}
     summary["paired"] = paired
+    summary["vs_static"] = _vs_static(runs, seeds, last)
     return summary
+
+
+def _vs_static(
+    runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int], last: range
+) -> dict[str, Any]:
+    """Each policy minus the static host, paired by (seed, round) over the last third.
+
+    ``agree`` counts the pairs where the policy out-earned the static host if and only
+    if it ended more accurate: how well the reward tracks accuracy.
+    """
+    out: dict[str, Any] = {}
+    if "static" not in runs:
+        return out
+    base = runs["static"]
+    for name in (p for p in runs if p != "static"):
+        pairs = [
+            (
+                runs[name][s]["reward"][r] - base[s]["reward"][r],
+                runs[name][s]["acc"][r] - base[s]["acc"][r],
+            )
+            for s in seeds
+            for r in last
+        ]
+        reward, reward_se = _mean_se([d for d, _ in pairs])
+        acc, acc_se = _mean_se([a for _, a in pairs])
+        agree = sum(1 for d, a in pairs if (d > 0) == (a > 0))
+        out[name] = {
+            "reward": reward,
+            "reward_se": reward_se,
+            "acc": acc,
+            "acc_se": acc_se,
+            "agree": agree,
+            "n": len(pairs),
+        }
+    return out
 
 
 def _print(summary: dict[str, Any], policies: list[str]) -> None:
@@ -268,6 +304,14 @@ def _print(summary: dict[str, Any], policies: list[str]) -> None:
     print_table("last third of rounds, mean per episode", cols, rows)
     pairs = [[k, v["mean"], v["se"], v["n"]] for k, v in summary["paired"].items()]
     print_table("paired differences (seed, round)", ["pair", "mean", "s.e.", "n"], pairs)
+    vs = summary.get("vs_static", {})
+    if vs:
+        cols = ["policy", "reward", "s.e.", "acc pp", "s.e.", "reward sign = acc sign"]
+        rows = [
+            [p, v["reward"], v["reward_se"], v["acc"], v["acc_se"], f"{v['agree']}/{v['n']}"]
+            for p, v in vs.items()
+        ]
+        print_table("minus the static host, paired (seed, round)", cols, rows)
     if "ppo" in summary:
         s = summary["ppo"]
         print(

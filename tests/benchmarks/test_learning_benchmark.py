@@ -43,3 +43,6 @@ def test_quick_per_seed_runs_merge_into_one_summary(tmp_path: Path) -> None:
     pair = summary["paired"]["ppo-static:reward"]
     assert pair["n"] == 2 * len(range(rounds - max(rounds // 3, 1), rounds))
     assert math.isfinite(summary["ppo"]["ev_last_third"])
+    vs = summary["vs_static"]
+    assert set(vs) == set(POLICIES) - {"static"} and vs["ppo"]["n"] == pair["n"]
+    assert 0 <= vs["random"]["agree"] <= vs["random"]["n"]
