@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pytest
 from esper_analysis import Run, load_run
 from esper_analysis.schema import known_event_types
 
@@ -183,3 +184,15 @@ def checkpoint_position(path: Path) -> tuple[str, int, int]:
 
     state = read_checkpoint(path)
     return str(state["run_id"]), int(state["next_round"]), int(state["seq_position"])
+
+
+def in_process(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """``esper ARGS`` through :func:`esper.cli.main`, shaped like a finished subprocess."""
+    from esper.cli import main as esper_main
+
+    capsys.readouterr()
+    code = esper_main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["esper", *args], code, out, err)

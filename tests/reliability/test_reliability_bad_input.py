@@ -18,7 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _reliability_support import assert_user_error, run_esper, train_args, write_small_config
+from _reliability_support import (
+    assert_user_error,
+    in_process,
+    run_esper,
+    train_args,
+    write_small_config,
+)
 
 from esper.cli import main as esper_main
 from esper.config import Config, with_overrides
@@ -30,16 +36,6 @@ from esper.telemetry.hub import open_run
 NEWER = SCHEMA_VERSION + 1
 #: Byte positions flipped (evenly spaced) in the checkpoint-integrity test.
 FLIP_POSITIONS = 400
-
-
-def in_process(
-    args: list[str], capsys: pytest.CaptureFixture[str]
-) -> subprocess.CompletedProcess[str]:
-    """``esper ARGS`` through :func:`esper.cli.main`, shaped like a finished subprocess."""
-    capsys.readouterr()
-    code = esper_main(args)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["esper", *args], code, out, err)
 
 
 def _config_file(tmp: Path, name: str, text: str) -> Path:

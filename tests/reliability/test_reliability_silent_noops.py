@@ -8,7 +8,6 @@ case shows the exit status as a user sees it.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from _reliability_support import (
     N_ENVS,
     assert_user_error,
     checkpoint_position,
+    in_process,
     rows,
     run_esper,
     train_args,
@@ -27,15 +27,6 @@ from esper.config import MAX_ENVS
 
 RUN_ID = "base"
 BASE_ROUNDS = 2
-
-
-def in_process(
-    args: list[str], capsys: pytest.CaptureFixture[str]
-) -> subprocess.CompletedProcess[str]:
-    capsys.readouterr()
-    code = esper_main(args)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["esper", *args], code, out, err)
 
 
 USAGE_CASES: dict[str, tuple[list[str], tuple[str, ...]]] = {
