@@ -9,6 +9,7 @@ nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -27,6 +28,9 @@ from esper.core.records import (
 )
 from esper.telemetry import events as ev
 from esper.telemetry.hub import Hub
+
+if TYPE_CHECKING:
+    from esper.training.trainer import PhaseTimes, RoundSummary
 
 _RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
 #: Lifecycle records whose fields are exactly their event's payload (enums as values).
@@ -182,3 +186,20 @@ def emit_action(
 def emit_ppo(hub: Hub, m: PPOMetrics, *, rnd: int) -> None:
     fields = {name: getattr(m, name) for name in PPOMetrics.__struct_fields__}
     hub.emit(ev.PpoUpdate(round=rnd, **fields))
+
+
+def round_finished_event(s: RoundSummary, t: PhaseTimes) -> ev.RoundFinished:
+    """The ``round_finished`` event of a round's summary and phase times."""
+    return ev.RoundFinished(
+        round=s.rnd,
+        wall_s=s.wall_s,
+        eps=s.eps,
+        mean_episode_reward=s.mean_reward,
+        mean_final_accuracy=s.mean_final_acc,
+        rollbacks=s.rollbacks,
+        train_ms=t.train_ms,
+        val_ms=t.val_ms,
+        policy_ms=t.features_ms + t.policy_ms,
+        action_ms=t.action_ms,
+        ppo_ms=t.ppo_ms,
+    )

@@ -110,6 +110,11 @@ class EnvState:
         if self.train_accum is None:
             self.train_accum = torch.zeros(TRAIN_ACCUM.width, device=self.device)
 
+    def clear_optimizers(self) -> None:
+        """Rollback: momentum from the discarded trajectory must not leak into the restore."""
+        self.host_optimizer.state.clear()
+        self.seed_optimizers.clear()
+
     def drain_records(self) -> list[LifecycleRecord]:
         # Cleared in place: the model's reporter holds a bound ``pending.append``.
         records = list(self.pending)

@@ -307,7 +307,7 @@ class VectorizedTrainer:
             reason=reason,
             loss=st.train_loss,
             threshold=threshold,
-            clear_optimizers=lambda: _clear_optimizers(env),
+            clear_optimizers=env.clear_optimizers,
             transitions_affected=affected,
         )
         # The env is the restored model now: its accuracy and loss (what the step's
@@ -483,7 +483,7 @@ class VectorizedTrainer:
             eps=totals[3] * self.horizon / wall if wall > 0 else 0.0,
             wall_s=wall,
         )
-        self.hub.emit(self._round_finished(summary, times))
+        self.hub.emit(emitters.round_finished_event(summary, times))
         self.state.round_summaries.append(summary)
         return summary
 
@@ -594,28 +594,6 @@ class VectorizedTrainer:
             lr=self.learner.learning_rate(rnd),
         )
 
-    @staticmethod
-    def _round_finished(s: RoundSummary, t: PhaseTimes) -> ev.RoundFinished:
-        return ev.RoundFinished(
-            round=s.rnd,
-            wall_s=s.wall_s,
-            eps=s.eps,
-            mean_episode_reward=s.mean_reward,
-            mean_final_accuracy=s.mean_final_acc,
-            rollbacks=s.rollbacks,
-            train_ms=t.train_ms,
-            val_ms=t.val_ms,
-            policy_ms=t.features_ms + t.policy_ms,
-            action_ms=t.action_ms,
-            ppo_ms=t.ppo_ms,
-        )
-
     def _report_progress(self, item: StepProgress | RoundSummary) -> None:
         if self.progress is not None:
             self.progress(item)
-
-
-def _clear_optimizers(env: EnvState) -> None:
-    """Rollback: momentum from the discarded trajectory must not leak into the restore."""
-    env.host_optimizer.state.clear()
-    env.seed_optimizers.clear()
