@@ -472,18 +472,20 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
                 continue
             try:
                 part = _describe(path, event_type, rank, verify)
-            except DamagedPagesError as exc:
-                if not tolerant:
-                    raise CorruptFileError(f"corrupt Parquet data in {path}: {exc}") from None
-                reason = f"damaged Parquet data ({exc})"
-                warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
-                skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
-                continue
             # A scribbled footer can also surface as bad UTF-8 in column paths.
-            except (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError) as exc:
+            except (
+                DamagedPagesError,
+                OSError,
+                pa.ArrowException,
+                ForeignTableError,
+                UnicodeDecodeError,
+            ) as exc:
+                pages = isinstance(exc, DamagedPagesError)
                 if not tolerant:
-                    raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
-                reason = f"unreadable Parquet ({exc})"
+                    what = "corrupt Parquet data in" if pages else "corrupt Parquet file"
+                    raise CorruptFileError(f"{what} {path}: {exc}") from None
+                what = "damaged Parquet data" if pages else "unreadable Parquet"
+                reason = f"{what} ({exc})"
                 warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
                 skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
                 continue
