@@ -13,7 +13,6 @@ import msgspec
 
 from esper.core.enums import AnomalyKind, TelemetryLevel
 from esper.core.records import PPOMetrics
-from esper.telemetry.events import AnomalyDetected
 from esper.telemetry.hub import Hub
 
 RATIO_EXPLOSION_THRESHOLD = 5.0
@@ -76,20 +75,18 @@ class TelemetryEscalator:
         self.rounds = rounds
         self.until_round = -1
 
+    def escalates(self, anomalies: list[Anomaly]) -> bool:
+        """Whether these anomalies raise the level (reported in ``anomaly_detected``)."""
+        return (
+            bool(anomalies)
+            and self.rounds > 0
+            and TelemetryLevel.OFF != self.base < TelemetryLevel.DEBUG
+        )
+
     def report(self, anomalies: list[Anomaly], *, rnd: int) -> None:
-        escalate = bool(anomalies) and self.rounds > 0 and self.base != TelemetryLevel.OFF
-        for a in anomalies:
-            self.hub.emit(
-                AnomalyDetected(
-                    round=rnd,
-                    kind=a.kind.value,
-                    detail=a.detail,
-                    value=a.value,
-                    threshold=a.threshold,
-                    escalated=escalate and self.base < TelemetryLevel.DEBUG,
-                )
-            )
-        if not escalate or self.base >= TelemetryLevel.DEBUG:
+        """Raise the hub to debug for ``escalation_rounds`` rounds after these anomalies
+        (their events are the Recorder's, emitted first)."""
+        if not self.escalates(anomalies):
             return
         self.until_round = rnd + self.rounds
         if self.hub.level != TelemetryLevel.DEBUG:

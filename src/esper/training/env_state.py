@@ -14,13 +14,10 @@ import torch
 
 from esper.core.layout import Layout
 from esper.core.records import (
-    REWARD_COMPONENTS,
     LifecycleRecord,
-    RewardBreakdown,
     SeedFossilizedRecord,
     SeedGerminatedRecord,
     SeedPrunedRecord,
-    make_breakdown,
 )
 
 #: ``EnvState.train_accum``: the train pass's running sums, on device.
@@ -52,22 +49,14 @@ class EpisodeStats:
             self.seeds_pruned += 1
 
 
-@dataclass
-class PendingReward:
-    """A step's reward, emitted one step late: the next step's governor check may still
-    put a rollback penalty on this transition (see :meth:`EnvState.penalize_last_reward`)."""
+@dataclass(frozen=True)
+class RewardMemory:
+    """What the next step's reward needs of this one: alphas, stage potential (shaping
+    telescopes) and live seed parameters (the accuracy reward's parameter cost)."""
 
-    breakdown: RewardBreakdown
-    op: str
-    normalized: float
-    step: int
-
-
-def with_rollback_penalty(br: RewardBreakdown, penalty: float) -> RewardBreakdown:
-    """``br`` with ``penalty`` added to its rollback component (the total stays the sum)."""
-    components = {name: getattr(br, name) for name in REWARD_COMPONENTS}
-    components["rollback_penalty"] += penalty
-    return make_breakdown(**components)
+    alphas: tuple[float, ...] = ()
+    potential: float = 0.0
+    seed_params: int = 0
 
 
 @dataclass
@@ -93,18 +82,11 @@ class EnvState:
     prev_val_loss: float = math.nan
     val_acc: float = math.nan
     val_loss: float = math.nan
-    #: Reward bookkeeping: previous step's alphas and stage potential (shaping telescopes).
-    prev_alphas: tuple[float, ...] = ()
-    potential: float = 0.0
-    #: Live seed parameters after the previous step (the accuracy reward's parameter cost).
-    seed_params: int = 0
+    #: The previous step's reward memory (see :func:`step_rewards.build_reward_inputs`).
+    reward_memory: RewardMemory = field(default_factory=RewardMemory)
     last_op: int = 0
     last_success: bool = True
     seed_counter: int = 0
-    #: The last step's reward, not yet emitted (``reward_computed`` lags one step).
-    pending_reward: PendingReward | None = None
-    #: A rollback penalty for a transition not computed yet (a panic at step 0).
-    carried_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.train_accum is None:
@@ -120,15 +102,6 @@ class EnvState:
         records = list(self.pending)
         self.pending.clear()
         return records
-
-    def penalize_last_reward(self, penalty: float) -> None:
-        """A rollback penalised the decision that led into the failed epoch: the pending
-        reward, or (panic at step 0, before any decision) the first one to come."""
-        if self.pending_reward is None:
-            self.carried_penalty += penalty
-        else:
-            pending = self.pending_reward
-            pending.breakdown = with_rollback_penalty(pending.breakdown, penalty)
 
     def next_seed_id(self) -> str:
         self.seed_counter += 1

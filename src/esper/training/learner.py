@@ -10,26 +10,66 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from esper.config import Config
 from esper.core.enums import AmpMode, PolicyKind
+from esper.core.layout import Layout
 from esper.core.records import PPOMetrics
-from esper.policy.actions import ActionSpace
+from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, decode_action
 from esper.policy.features import obs_dim
-from esper.policy.protocol import Policy, PolicyInput, PolicyStep
+from esper.policy.masks import ActionMasks
+from esper.policy.protocol import Policy, PolicyInput
 from esper.training.buffer import RolloutBuffer
 from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper.training.ppo import PPOUpdater
 
 if TYPE_CHECKING:
     from esper.training.distributed import Collective
-    from esper.training.trainer import Decision
+    from esper.training.env_results import Observation
 
 #: Offset that separates the policy-sampling stream from every other seeded stream.
 POLICY_SEED_OFFSET = 7_919
+
+#: One env's row of the packed decision (the step's single device-to-host transfer).
+DECISION_ROW = Layout(
+    ("actions", N_HEADS), ("log_prob", 1), ("value", 1), ("op_probs", N_OPS), ("op_mask", N_OPS)
+)
+
+
+@dataclass
+class Decision:
+    """The policy's choice for all envs: device tensors for the buffer, and the packed
+    host-side rows (one transfer) for execution and events."""
+
+    rows: list[list[float]]  # one DECISION_ROW per env
+    actions_decoded: list[DecodedAction]
+    obs_normalized: torch.Tensor  # what the policy saw; what the buffer stores
+    blueprint_ids: torch.Tensor
+    masks: ActionMasks
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    hidden: tuple[torch.Tensor, torch.Tensor]
+
+    def head_indices(self, i: int) -> list[int]:
+        """Env ``i``'s raw head indices, in HEAD_NAMES order."""
+        return [int(v) for v in DECISION_ROW.get(self.rows[i], "actions")]
+
+    def op_mask(self, i: int) -> list[bool]:
+        return [bool(v) for v in DECISION_ROW.get(self.rows[i], "op_mask")]
+
+    def value(self, i: int) -> float:
+        return DECISION_ROW.one(self.rows[i], "value")
+
+    def log_prob(self, i: int) -> float:
+        return DECISION_ROW.one(self.rows[i], "log_prob")
+
+    def op_prob(self, i: int, op: int) -> float:
+        return DECISION_ROW.get(self.rows[i], "op_probs")[op]
 
 
 def resolve_amp(cfg: Config, device: torch.device) -> AmpMode:
@@ -98,13 +138,44 @@ class Learner:
             self.buffer.start(hidden)
         return hidden
 
-    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
-        self._round_obs.append(obs)
-        return self.obs_norm.normalize(obs)
-
     @torch.no_grad()
-    def act(self, inp: PolicyInput, hidden: tuple[torch.Tensor, torch.Tensor]) -> PolicyStep:
-        return self.policy.act(inp, hidden, generator=self.generator)
+    def decide(self, o: Observation, hidden: tuple[torch.Tensor, torch.Tensor]) -> Decision:
+        """Normalise the observation, ONE batched policy forward, ONE transfer."""
+        self._round_obs.append(o.obs)
+        obs_normalized = self.obs_norm.normalize(o.obs)
+        inp = PolicyInput(
+            obs=obs_normalized,
+            blueprint_ids=o.blueprint_ids,
+            masks=o.masks,
+            reports=o.reports,
+            trackers=o.trackers,
+        )
+        out = self.policy.act(inp, hidden, generator=self.generator)
+        parts = {  # DECISION_ROW's fields, in its order
+            "actions": out.actions.float(),
+            "log_prob": out.log_probs.sum(dim=1, keepdim=True),
+            "value": out.value.reshape(-1, 1).float(),
+            "op_probs": out.op_probs.float(),
+            "op_mask": o.masks.op.float(),
+        }
+        assert tuple(parts) == DECISION_ROW.names
+        rows = torch.cat(list(parts.values()), dim=1).cpu().tolist()  # the single transfer
+        DECISION_ROW.check(rows[0])
+        decoded = [
+            decode_action([int(v) for v in DECISION_ROW.get(row, "actions")], self.space)
+            for row in rows
+        ]
+        return Decision(
+            rows=rows,
+            actions_decoded=decoded,
+            obs_normalized=obs_normalized,
+            blueprint_ids=o.blueprint_ids,
+            masks=o.masks,
+            actions=out.actions,
+            log_probs=out.log_probs,
+            values=out.value,
+            hidden=out.hidden,
+        )
 
     def record_step(
         self, step: int, d: Decision, raw_rewards: list[float], *, terminal: bool

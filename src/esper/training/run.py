@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import platform
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,15 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-import esper
 from esper.config import Config, ConfigError, with_overrides
-from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
+from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.errors import CheckpointError, CheckpointSaveError, UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
 from esper.policy.protocol import Policy
-from esper.telemetry import events as ev
 from esper.telemetry.emit_log import with_emit_log
 from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
@@ -51,6 +47,7 @@ from esper.training.distributed import (
 from esper.training.faults import FaultPlan, check_faults
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
+from esper.training.recorder import Recorder
 from esper.training.trainer import ProgressFn, RoundSummary, VectorizedTrainer
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -208,19 +205,18 @@ def train(
     if collective is not None:
         hub = RankHub(hub, rank=rank)
     try:
+        recorder = Recorder(hub, reward_family=cfg.reward.family.value)
         trainer = VectorizedTrainer(
-            cfg, hub=hub, task=data, learner=learner, faults=faults, progress=progress,
-            collective=collective,
+            cfg, recorder=recorder, task=data, learner=learner, faults=faults,
+            progress=progress, collective=collective,
         )  # fmt: skip
-        hub.emit(_run_started(cfg, learner, parent, start_round))
+        recorder.run_started(cfg, learner, parent, start_round)
         if state is not None and resume is not None:
-            hub.emit(
-                ev.CheckpointLoaded(
-                    path=str(resume),
-                    next_round=start_round,
-                    parent_run_id=str(state["run_id"]),
-                    seq_position=int(state["seq_position"]),
-                )
+            recorder.checkpoint_loaded(
+                str(resume),
+                next_round=start_round,
+                parent=str(state["run_id"]),
+                seq=int(state["seq_position"]),
             )
     except KeyboardInterrupt as exc:  # before the first round: nothing to checkpoint yet
         hub.close(RunStatus.INTERRUPTED, f"{_interrupt_reason(exc)} before the first round")
@@ -230,7 +226,7 @@ def train(
         raise
     run_dir = getattr(hub, "run_dir", None)
     ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
-    saver = _Saver(cfg, learner, hub, rank_path(ckpt_path, rank), ledger, collective)
+    saver = _Saver(cfg, learner, recorder, rank_path(ckpt_path, rank), ledger, collective)
     return _run_rounds(cfg, trainer, saver, start_round, run_dir)
 
 
@@ -279,17 +275,13 @@ def _run_rounds(
             try:  # a failed telemetry writer makes these emits raise: still close the hub
                 if status != RunStatus.FINISHED:
                     saver.save_pending_quietly()
-                hub.emit(
-                    ev.RunFinished(
-                        status=status.value,
-                        rounds_completed=next_round - start_round,
-                        env_steps=env_steps,
-                        wall_s=wall,
-                        eps=env_steps / wall if wall > 0 else 0.0,
-                        events_emitted=hub.events_emitted + 1,
-                        rollbacks=trainer.state.rollbacks,
-                        error=error,
-                    )
+                trainer.recorder.run_finished(
+                    status,
+                    rounds=next_round - start_round,
+                    env_steps=env_steps,
+                    wall=wall,
+                    rollbacks=trainer.state.rollbacks,
+                    error=error,
                 )
             finally:
                 hub.close(status, error)
@@ -406,12 +398,13 @@ class _Saver:
         self,
         cfg: Config,
         learner: Learner,
-        hub: Hub,
+        recorder: Recorder,
         path: Path,
         ledger: CheckpointLedger,
         collective: Collective | None = None,
     ) -> None:
-        self.cfg, self.learner, self.hub, self.path, self.ledger = cfg, learner, hub, path, ledger
+        self.cfg, self.learner, self.path, self.ledger = cfg, learner, path, ledger
+        self.recorder, self.hub = recorder, recorder.hub
         self.world_size = collective.world_size if collective is not None else 1
         self.rank = collective.rank if collective is not None else 0
         self.pending: _RoundEnd | None = None
@@ -469,39 +462,6 @@ class _Saver:
         self.ledger.path, self.ledger.next_round = self.path, end.next_round
         if flush_error is not None:
             raise flush_error
-        self.hub.emit(
-            ev.CheckpointSaved(
-                path=str(self.path),
-                bytes=size,
-                next_round=end.next_round,
-                seq_position=end.seq_position,
-            )
+        self.recorder.checkpoint_saved(
+            str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
         )
-
-
-def _run_started(cfg: Config, learner: Learner, parent: str, start_round: int) -> ev.RunStarted:
-    resolved = with_overrides(cfg, {"run.amp": learner.resolved_amp.value})
-    env_devices = [str(d) for d in (cfg.run.env_devices or [cfg.run.device])]
-    compiled = bool(cfg.policy.compile and cfg.policy.kind == PolicyKind.PPO)
-    return ev.RunStarted(
-        config_json=resolved.to_json(),
-        config_hash=cfg.fingerprint(),
-        parent_run_id=parent,
-        resumed_from_round=start_round if parent or start_round else -1,
-        esper_version=esper.__version__,
-        torch_version=str(torch.__version__),
-        python_version=sys.version.split()[0],
-        platform=platform.platform(),
-        device=str(learner.device),
-        env_devices=env_devices,
-        amp=learner.resolved_amp.value,
-        compile_policy=compiled,
-        policy_kind=cfg.policy.kind.value,
-        task=cfg.task.name.value,
-        n_envs=cfg.run.n_envs,
-        episode_length=cfg.run.episode_length,
-        rounds=cfg.run.rounds,
-        seed=cfg.run.seed,
-        telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
-        deterministic=learner.device.type == "cpu",
-    )

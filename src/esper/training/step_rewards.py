@@ -1,7 +1,9 @@
 """Assemble one env-step's :class:`RewardInputs` from the env after its action.
 
 Host-side only: every number here was already transferred by the step (slot reports,
-validation metrics) so building rewards costs no device sync.
+validation metrics) so building rewards costs no device sync. Pure: the reward's memory
+of this step (alphas, stage potential, live seed parameters) is returned, and the
+caller stores it on the env, so shaping telescopes across steps.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from esper.core.records import SlotReport
 from esper.data.tasks import TaskSpec
 from esper.policy.actions import DecodedAction
 from esper.training.action_execution import ActionOutcome
-from esper.training.env_state import EnvState
+from esper.training.env_state import EnvState, RewardMemory
 from esper.training.rewards import RewardInputs, SeedCredit, env_potential
 
 
@@ -36,11 +38,13 @@ def build_reward_inputs(
     *,
     task: TaskSpec,
     terminal: bool,
-) -> RewardInputs:
+) -> tuple[RewardInputs, RewardMemory]:
+    """The step's reward inputs, and the memory the next step's inputs start from."""
     reports = env.model.slot_reports()
     counts = env.model.param_counts()
     alphas = tuple(r.alpha for r in reports)
-    previous = env.prev_alphas or alphas
+    memory = env.reward_memory
+    previous = memory.alphas or alphas
     alpha_change = max((abs(a - b) for a, b in zip(alphas, previous, strict=True)), default=0.0)
     potential_now = env_potential(reports)
     before = outcome.slot_before
@@ -60,15 +64,12 @@ def build_reward_inputs(
         host_params=counts.host,
         effective_params=counts.effective,
         alpha_change=alpha_change,
-        potential_prev=env.potential,
+        potential_prev=memory.potential,
         potential_now=potential_now,
         is_terminal=terminal,
         final_acc=env.val_acc if terminal else math.nan,
         final_loss=env.val_loss if terminal else math.nan,
         seed_params=counts.seeds,
-        prev_seed_params=env.seed_params,
+        prev_seed_params=memory.seed_params,
     )
-    env.prev_alphas = alphas
-    env.potential = potential_now
-    env.seed_params = counts.seeds
-    return inputs
+    return inputs, RewardMemory(alphas=alphas, potential=potential_now, seed_params=counts.seeds)

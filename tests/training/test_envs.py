@@ -1,0 +1,158 @@
+"""The vectorized host-env boundary (training/envs.py) and the Recorder (issue 15).
+
+HostEnvs returns data only: it has no hub, and a rollback comes back as a value the
+trainer hands to the learner. The Recorder is the one place results become events.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from esper.config import Config, with_overrides
+from esper.core.enums import AmpMode, Initiator, LifecycleOp, RollbackReason, TelemetryLevel
+from esper.core.records import CounterfactualRecord, RollbackRecord, make_breakdown
+from esper.data.tasks import load_task
+from esper.policy.actions import DecodedAction
+from esper.telemetry.events import event_tag
+from esper.telemetry.hub import MemoryHub
+from esper.training.batch_ops import EnvStepStats
+from esper.training.env_results import EnvEpoch, EnvTransition, PhaseTimes, Rollback
+from esper.training.envs import HostEnvs
+from esper.training.faults import Fault, FaultKind, FaultPlan
+from esper.training.recorder import Recorder
+from esper.training.run import action_space_for
+
+N_ENVS = 2
+HORIZON = 4
+
+
+def _config(**overrides: Any) -> Config:
+    base = {
+        "run.n_envs": N_ENVS,
+        "run.episode_length": HORIZON,
+        "task.train_samples_per_env": 128,
+        "task.val_samples": 128,
+    }
+    base.update(overrides)
+    return with_overrides(Config(), base)
+
+
+def _envs(cfg: Config, faults: FaultPlan | None = None) -> HostEnvs:
+    task = load_task(cfg.task, seed=cfg.run.seed)
+    return HostEnvs(
+        cfg,
+        task,
+        space=action_space_for(cfg, task),
+        policy_device=torch.device("cpu"),
+        amp=AmpMode.OFF,
+        initiator=Initiator.POLICY,
+        faults=faults,
+    )
+
+
+def _germinate(envs: HostEnvs) -> DecodedAction:
+    slot = envs.space.slot_ids[0]
+    return DecodedAction(op=LifecycleOp.GERMINATE, slot_id=slot, blueprint="conv_light")
+
+
+def test_host_envs_step_through_an_episode_with_data_only() -> None:
+    envs = _envs(_config())
+    assert not hasattr(envs, "hub")
+    envs.reset(0)
+    for step in range(HORIZON):
+        epochs = envs.advance(0, step, PhaseTimes())
+        assert [e.index for e in epochs] == list(range(N_ENVS))
+        assert all(0.0 <= e.stats.val_acc <= 100.0 and e.rollback is None for e in epochs)
+        obs = envs.observe(step)
+        assert obs.obs.shape[0] == N_ENVS and obs.masks.op.shape[0] == N_ENVS
+        wait = DecodedAction(op=LifecycleOp.WAIT)
+        actions = [_germinate(envs) if step == 0 else wait] * N_ENVS
+        transitions = envs.step(actions, step)
+        assert all(math.isfinite(t.reward.total) for t in transitions)
+        if step == 0:  # the germination's lifecycle records come back with the step
+            assert all(t.executed for t in transitions)
+            assert all(any(type(r).__name__ == "SeedGerminatedRecord" for r in t.records)
+                       for t in transitions)  # fmt: skip
+    summaries = envs.summaries()
+    assert all(s.episode.seeds_germinated == 1 for s in summaries)
+    assert all(s.params.seeds > 0 and s.active_seeds == 1 for s in summaries)
+    # the episode reward is the sum of the step rewards the envs returned
+    assert all(math.isfinite(s.episode.reward_sum) for s in summaries)
+
+
+def test_a_rollback_comes_back_as_data() -> None:
+    faults = FaultPlan([Fault(FaultKind.NAN, round=0, step=2, env=1)])
+    envs = _envs(_config(), faults)
+    envs.reset(0)
+    wait = [DecodedAction(op=LifecycleOp.WAIT)] * N_ENVS
+    for step in range(2):
+        envs.advance(0, step, PhaseTimes())
+        envs.step(wait, step)
+    epochs = envs.advance(0, 2, PhaseTimes())
+    assert epochs[0].rollback is None
+    rb = epochs[1].rollback
+    assert rb is not None
+    assert (rb.local, rb.from_step, rb.to_step) == (1, 0, 2)
+    assert rb.penalty == envs.cfg.governor.penalty
+    # the env is the restored host: finite metrics, counted in its episode
+    assert math.isfinite(envs.summaries()[1].val_loss)
+    assert envs.summaries()[1].episode.rollbacks == 1
+
+
+def _rollback_epoch(index: int, penalty: float) -> EnvEpoch:
+    record = RollbackRecord(
+        reason=RollbackReason.NON_FINITE_LOSS, loss=math.nan, threshold=math.nan,
+        panic_step=1, restored_to_step=0, seeds_pruned=(), transitions_affected=1,
+        penalty=penalty,
+    )  # fmt: skip
+    stats = EnvStepStats(1.0, 50.0, 1.0, 50.0, (50.0,), ())
+    cf = CounterfactualRecord(
+        slots=(), contributions=(), unavailable=(), shapley=(), interaction=math.nan,
+        real_acc=50.0, all_off_acc=math.nan, n_configs=1, exact_shapley=False,
+    )  # fmt: skip
+    return EnvEpoch(index, stats, cf, [], Rollback(index, 0, 1, record, []))
+
+
+class _FakeDecision:
+    def head_indices(self, i: int) -> list[int]:
+        return [0] * 8
+
+    def op_mask(self, i: int) -> list[bool]:
+        return [True] * 6
+
+    def value(self, i: int) -> float:
+        return 0.0
+
+    def log_prob(self, i: int) -> float:
+        return 0.0
+
+    def op_prob(self, i: int, op: int) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("pending", [True, False])
+def test_recorder_puts_a_rollback_penalty_on_the_reward_it_belongs_to(pending: bool) -> None:
+    """The penalty lands on the pending reward_computed, or (panic before any decision)
+    on the first reward to come; the event's total stays the sum of its components."""
+    hub = MemoryHub(level=TelemetryLevel.NORMAL)
+    rec = Recorder(hub, reward_family="contribution")
+    rec.round_started(0, n_envs=1, horizon=3, entropy_coef=0.0, lr=0.0)
+    br = make_breakdown(terminal=0.25)
+    step_tr = EnvTransition(0, DecodedAction(op=LifecycleOp.WAIT), True, br, [])
+    if pending:
+        rec.actions([step_tr], _FakeDecision(), [0.5], rnd=0, step=0)
+    rec.epoch([_rollback_epoch(0, -10.0)], rnd=0, step=1)
+    if not pending:
+        rec.actions([step_tr], _FakeDecision(), [0.5], rnd=0, step=1)
+    rec.flush_rewards(0)
+    rewards = [e for e in hub.events if event_tag(type(e)) == "reward_computed"]
+    assert len(rewards) == 1
+    reward: Any = rewards[0]
+    assert reward.rollback_penalty == -10.0
+    assert reward.total == pytest.approx(0.25 - 10.0)
+    tags = [event_tag(type(e)) for e in hub.events]
+    assert "governor_rollback" in tags
