@@ -245,7 +245,7 @@ def _floor_models(
         model = build_model(cfg.host, data.spec, seed=env_seed(cfg.run.seed, rnd, i)).to(device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
-        out.append((model, make_host_optimizer(model)))
+        out.append((model, make_host_optimizer(model, cfg.host)))
     return out
 
 

@@ -26,9 +26,10 @@ import _trainer as T
 import torch
 import torch.nn.functional as F
 
+from esper.core.constants import HOST_GRAD_CLIP
 from esper.core.enums import AmpMode
 from esper.data.iterator import SharedBatchIterator
-from esper.training.batch_ops import HOST_GRAD_CLIP, PassOptions, train_epoch
+from esper.training.batch_ops import PassOptions, train_epoch
 from esper.training.env_factory import EnvFactory
 
 DEFAULT_REPEATS = 3

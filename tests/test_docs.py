@@ -22,14 +22,18 @@ def test_every_config_key_is_documented() -> None:
 
 
 def test_documented_defaults_match_the_config() -> None:
-    """A row ``| `key` | `value` |`` must show the default the code really has."""
+    """A row ``| `key` | `value` |`` (optionally ``: what it means``) must show the default
+    the code really has. TOML inline tables (``{prune = -2.0}``) are not JSON: skipped."""
     import re
 
     import msgspec
 
     cfg = msgspec.to_builtins(Config())
-    rows = re.findall(r"^\| `([a-z_]+)\.([a-z_]+)` \| `([^`]*)` \|$", DOC.read_text(), re.M)
-    assert len(rows) > 50
+    rows = re.findall(
+        r"^\| `([a-z_]+)\.([a-z_]+)` \| `([^`]*)`(?:: [^|]*)? \|$", DOC.read_text(), re.M
+    )
+    rows = [row for row in rows if not row[2].startswith("{")]
+    assert len(rows) > 80
     wrong = [
         f"{section}.{key}: doc {shown}, code {actual}"
         for section, key, shown in rows

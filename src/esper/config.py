@@ -16,6 +16,13 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from esper.core.constants import (
+    HOST_GRAD_CLIP,
+    HOST_LR,
+    HOST_MOMENTUM,
+    HOST_WEIGHT_DECAY,
+    SEED_LR,
+)
 from esper.core.enums import AmpMode, PolicyKind, RewardFamily, TaskName, TelemetryLevel
 from esper.errors import UserError
 
@@ -23,6 +30,7 @@ Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonPositiveFloat = Annotated[float, msgspec.Meta(le=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 #: Seeds are offset by round/env strides before reaching torch's int64 generators.
 MAX_SEED = 2**32 - 1
@@ -76,6 +84,13 @@ class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     slots: list[str] = msgspec.field(default_factory=list)
     max_seeds: Positive = 3
     strict_gates: bool = False
+    #: Host training: SGD on the host (and fossilized seeds), one SGD per live seed.
+    lr: PositiveFloat = HOST_LR
+    momentum: Fraction = HOST_MOMENTUM
+    weight_decay: NonNegativeFloat = HOST_WEIGHT_DECAY
+    seed_lr: PositiveFloat = SEED_LR
+    #: Gradient-norm clip of host and seed parameters per batch.
+    grad_clip: PositiveFloat = HOST_GRAD_CLIP
 
 
 class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -113,6 +128,7 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: Rounds over which the learning rate anneals linearly to lr * lr_final_fraction.
     lr_anneal_rounds: NonNegative = 0
     lr_final_fraction: Fraction = 0.1
+    adam_eps: PositiveFloat = 1e-5
 
 
 class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -130,6 +146,43 @@ class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: as the seed parameters change (germinate pays, prune refunds).
     param_cost_weight: NonNegativeFloat = 0.05
     normalize: bool = True
+    #: Normalised rewards are clipped to +-this (a blow-up is not an unbounded reward).
+    normalize_clip: PositiveFloat = 10.0
+    # --- contribution family: attribution -------------------------------------------
+    #: Reward per pp of credited contribution.
+    attribution_weight: NonNegativeFloat = 0.1
+    #: Reward per pp of harm (negative contribution): more than help, so that keeping a
+    #: harmful seed is never a wash.
+    harm_weight: NonNegativeFloat = 0.15
+    #: Anti-gaming: positive credit scales with alpha up to this alpha.
+    full_credit_alpha: PositiveFloat = 0.5
+    # --- anti-gaming: alpha shock -----------------------------------------------------
+    #: Alpha may move this much in one step for free; beyond it each unit costs
+    #: ``alpha_shock_weight``.
+    alpha_shock_free: NonNegativeFloat = 0.25
+    alpha_shock_weight: NonNegativeFloat = 0.5
+    # --- per-op shaping (reward.shaping): costs are negative, bonuses positive ----------
+    germinate_cost: NonPositiveFloat = -0.1
+    #: Fossilize bonus per pp of contribution, capped at ``fossilize_bonus_cap_pp``.
+    fossilize_bonus_per_pp: NonNegativeFloat = 0.3
+    fossilize_bonus_cap_pp: NonNegativeFloat = 10.0
+    #: Fossilizing a seed that adds nothing costs this, plus the per-pp rate per pp of harm.
+    fossilize_useless_penalty: NonPositiveFloat = -0.5
+    prune_cost: NonPositiveFloat = -0.05
+    #: A seed younger than this many epochs is young: pruning it costs up to
+    #: ``prune_young_penalty`` more, linearly less as it ages.
+    prune_young_age: Positive = 10
+    prune_young_penalty: NonPositiveFloat = -0.3
+    #: Pruning a helpful seed costs this per pp of its contribution.
+    prune_helpful_per_pp: NonPositiveFloat = -0.2
+    invalid_action_penalty: NonPositiveFloat = -0.1
+    # --- loss family -------------------------------------------------------------------
+    #: Reward per unit of loss improvement, in units of the random-guess loss ...
+    loss_delta_weight: NonNegativeFloat = 10.0
+    #: ... with the improvement clipped to +-this (a blow-up is not a -inf reward).
+    loss_delta_clip: PositiveFloat = 1.0
+    #: Terminal term of the loss family: 1 - loss / random guess, clipped to +-this.
+    loss_terminal_clip: PositiveFloat = 1.0
 
 
 class GovernorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -141,6 +194,16 @@ class GovernorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
     divergence_mean_factor: PositiveFloat = 3.0
     divergence_consecutive: Positive = 3
     penalty: float = -10.0
+    #: Rollback penalties are clipped to [-penalty_cap, 0].
+    penalty_cap: NonNegativeFloat = 10.0
+    #: Healthy losses kept for the divergence and lobotomy statistics.
+    history_window: Positive = 20
+    #: Checks needed before the statistical detectors (lobotomy, divergence) may fire.
+    min_history: Positive = 3
+    #: Lobotomy: the mean of the last ``lobotomy_recent`` healthy losses was under this
+    #: fraction of the random-guess loss ("well below random guessing").
+    lobotomy_below_fraction: Fraction = 0.6
+    lobotomy_recent: Positive = 5
 
 
 class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -151,6 +214,15 @@ class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields
     queue_capacity: Positive = 65536
     drop_when_full: bool = False
     escalation_rounds: NonNegative = 2
+    # --- anomaly detection on each PPO update (training/anomaly.py) ---------------------
+    #: Largest probability ratio of an update before it is a ratio explosion.
+    anomaly_ratio_max: PositiveFloat = 5.0
+    #: approx KL above this multiple of ``ppo.target_kl`` is a KL spike.
+    anomaly_kl_factor: PositiveFloat = 10.0
+    #: Op-head entropy below this is an entropy collapse.
+    anomaly_entropy_min: NonNegativeFloat = 0.01
+    #: Explained variance below this is a value collapse.
+    anomaly_ev_min: float = -1.0
 
     @property
     def level_enum(self) -> TelemetryLevel:

@@ -10,7 +10,9 @@ from torch import Tensor, nn
 
 from esper.config import GovernorConfig
 from esper.core.enums import Initiator, PruneReason, RollbackReason
-from esper.training.governor import MIN_HISTORY, Governor
+from esper.training.governor import Governor
+
+MIN_HISTORY = GovernorConfig().min_history
 
 RGL = math.log(10)  # random-guess cross-entropy for 10 classes
 

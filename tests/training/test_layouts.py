@@ -9,8 +9,8 @@ from esper.core.layout import Layout
 from esper.policy.actions import N_HEADS, N_OPS
 from esper.training.batch_ops import _unpack, val_layout
 from esper.training.env_state import TRAIN_ACCUM
-from esper.training.ppo import METRICS_LAYOUT
 from esper.training.learner import DECISION_ROW
+from esper.training.ppo import METRICS_LAYOUT
 
 
 def test_layout_slices_follow_declaration_order() -> None:

@@ -15,11 +15,12 @@ from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training import rewards as R
 from esper.training.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
 from esper.training.run import train
 
 GAMMA = 0.995
+#: The default reward weights (``[reward]``), which these tests check against.
+R = RewardConfig()
 
 
 def _seed(stage: SeedStage = SeedStage.BLENDING, alpha: float = 1.0, age: int = 12) -> SlotReport:
@@ -129,7 +130,7 @@ def test_positive_contribution_gives_positive_attribution() -> None:
     br = compute_reward(
         _inputs(slot_after=_seed(), contribution_pp=2.0, progress_pp=3.0), CFG, gamma=GAMMA
     )
-    assert br.attribution == pytest.approx(R.ATTRIBUTION_WEIGHT * 2.0)
+    assert br.attribution == pytest.approx(R.attribution_weight * 2.0)
     assert br.attribution > 0
 
 
@@ -139,7 +140,7 @@ def test_harmful_seed_gives_negative_attribution_in_full() -> None:
         CFG,
         gamma=GAMMA,
     )
-    assert br.attribution == pytest.approx(-R.HARM_WEIGHT * 2.0)  # no alpha discount on harm
+    assert br.attribution == pytest.approx(-R.harm_weight * 2.0)  # no alpha discount on harm
 
 
 def test_anti_gaming_caps_credit_by_progress_and_alpha() -> None:
@@ -147,7 +148,7 @@ def test_anti_gaming_caps_credit_by_progress_and_alpha() -> None:
     assert compute_reward(no_progress, CFG, gamma=GAMMA).attribution == 0.0
     tiny_alpha = _inputs(slot_after=_seed(alpha=0.05), contribution_pp=4.0, progress_pp=4.0)
     small = compute_reward(tiny_alpha, CFG, gamma=GAMMA).attribution
-    assert small == pytest.approx(R.ATTRIBUTION_WEIGHT * 4.0 * 0.05 / R.FULL_CREDIT_ALPHA)
+    assert small == pytest.approx(R.attribution_weight * 4.0 * 0.05 / R.full_credit_alpha)
     off = RewardConfig(anti_gaming=False)
     assert compute_reward(no_progress, off, gamma=GAMMA).attribution == pytest.approx(0.4)
 
@@ -156,7 +157,7 @@ def test_credits_make_attribution_independent_of_the_op() -> None:
     credits = (SeedCredit(contribution_pp=2.0, progress_pp=2.0), SeedCredit(contribution_pp=-1.0))
     wait = compute_reward(_inputs(credits=credits), CFG, gamma=GAMMA)
     adv = compute_reward(_inputs(op=LifecycleOp.ADVANCE, credits=credits), CFG, gamma=GAMMA)
-    assert wait.attribution == adv.attribution == pytest.approx(0.2 - R.HARM_WEIGHT)
+    assert wait.attribution == adv.attribution == pytest.approx(0.2 - R.harm_weight)
 
 
 def test_prune_of_a_young_seed_costs_more_than_an_old_one() -> None:
@@ -170,7 +171,7 @@ def test_prune_of_a_young_seed_costs_more_than_an_old_one() -> None:
 
     young, old = prune(5, 0.0), prune(30, 0.0)
     assert young < old < 0
-    assert young == pytest.approx(R.PRUNE_COST + R.PRUNE_YOUNG_PENALTY * 0.5)
+    assert young == pytest.approx(R.prune_cost + R.prune_young_penalty * 0.5)
     assert prune(30, 3.0) < old  # pruning a helpful seed costs more
     assert prune(30, -3.0) == old  # a harmful seed costs only the base
 
@@ -186,10 +187,10 @@ def test_fossilize_bonus_grows_with_contribution() -> None:
         return compute_reward(inp, CFG, gamma=GAMMA).fossilize_bonus
 
     assert 0 < fossilize(1.0) < fossilize(3.0) < fossilize(6.0)
-    assert fossilize(3.0) == pytest.approx(3 * R.FOSSILIZE_BONUS_PER_PP)
-    assert fossilize(0.0) == R.FOSSILIZE_USELESS_PENALTY
+    assert fossilize(3.0) == pytest.approx(3 * R.fossilize_bonus_per_pp)
+    assert fossilize(0.0) == R.fossilize_useless_penalty
     assert fossilize(-2.0) < fossilize(0.0) < 0
-    assert fossilize(math.nan) == R.FOSSILIZE_USELESS_PENALTY
+    assert fossilize(math.nan) == R.fossilize_useless_penalty
 
 
 def test_rent_stage_shaping_terminal_and_invalid() -> None:
@@ -205,26 +206,26 @@ def test_rent_stage_shaping_terminal_and_invalid() -> None:
     end = compute_reward(_inputs(is_terminal=True, final_acc=90.0), CFG, gamma=GAMMA)
     assert end.terminal == pytest.approx(0.05 * 0.9)
     bad = compute_reward(_inputs(op=LifecycleOp.ADVANCE, executed=False), CFG, gamma=GAMMA)
-    assert bad.invalid_penalty == R.INVALID_ACTION_PENALTY
+    assert bad.invalid_penalty == R.invalid_action_penalty
     assert compute_reward(_inputs(executed=False), CFG, gamma=GAMMA).invalid_penalty == 0.0
 
 
 def test_alpha_shock_penalises_only_large_jumps() -> None:
     assert compute_reward(_inputs(alpha_change=0.2), CFG, gamma=GAMMA).alpha_shock == 0.0
     jump = compute_reward(_inputs(alpha_change=-1.0), CFG, gamma=GAMMA).alpha_shock
-    assert jump == pytest.approx(-R.ALPHA_SHOCK_WEIGHT * (1.0 - R.ALPHA_SHOCK_FREE))
+    assert jump == pytest.approx(-R.alpha_shock_weight * (1.0 - R.alpha_shock_free))
 
 
 def test_loss_family_rewards_loss_improvement() -> None:
     cfg = RewardConfig(family=RewardFamily.LOSS)
     better = compute_reward(_inputs(prev_val_loss=1.0, val_loss=0.8), cfg, gamma=GAMMA)
     worse = compute_reward(_inputs(prev_val_loss=0.8, val_loss=1.0), cfg, gamma=GAMMA)
-    assert better.loss_delta == pytest.approx(R.LOSS_DELTA_WEIGHT * 0.2 / math.log(10))
+    assert better.loss_delta == pytest.approx(R.loss_delta_weight * 0.2 / math.log(10))
     assert worse.loss_delta == pytest.approx(-better.loss_delta)
     assert better.attribution == 0.0
     blowup = compute_reward(_inputs(val_loss=math.inf, is_terminal=True), cfg, gamma=GAMMA)
-    assert blowup.loss_delta == -R.LOSS_DELTA_WEIGHT * R.LOSS_DELTA_CLIP
-    assert blowup.terminal == -0.05 * R.LOSS_TERMINAL_CLIP
+    assert blowup.loss_delta == -R.loss_delta_weight * R.loss_delta_clip
+    assert blowup.terminal == -0.05 * R.loss_terminal_clip
 
 
 def test_sparse_family_pays_only_at_the_end() -> None:

@@ -158,6 +158,8 @@ HOST_LR: Final = 0.01
 HOST_MOMENTUM: Final = 0.9
 HOST_WEIGHT_DECAY: Final = 5e-4
 SEED_LR: Final = 0.01
+#: Gradient-norm clip of host and seed parameters per training batch.
+HOST_GRAD_CLIP: Final = 5.0
 
 # --- Seeding ---------------------------------------------------------------------------
 #: Strides that derive per-round / per-env seeds from the run seed without collisions.

@@ -74,7 +74,7 @@ def sync_seed_optimizers(env: EnvState) -> None:
     for slot_id in env.model.slot_ids:
         params = env.model.seed_parameters(slot_id)
         if params and slot_id not in env.seed_optimizers:
-            env.seed_optimizers[slot_id] = make_seed_optimizer(params)
+            env.seed_optimizers[slot_id] = make_seed_optimizer(params, env.host_cfg)
         elif not params and slot_id in env.seed_optimizers:
             del env.seed_optimizers[slot_id]
 

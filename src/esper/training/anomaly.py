@@ -11,14 +11,10 @@ import math
 
 import msgspec
 
+from esper.config import TelemetryConfig
 from esper.core.enums import AnomalyKind, TelemetryLevel
 from esper.core.records import PPOMetrics
 from esper.telemetry.hub import Hub
-
-RATIO_EXPLOSION_THRESHOLD = 5.0
-KL_SPIKE_FACTOR = 10.0
-ENTROPY_COLLAPSE_THRESHOLD = 0.01
-VALUE_COLLAPSE_EV = -1.0
 
 
 class Anomaly(msgspec.Struct, frozen=True):
@@ -28,39 +24,42 @@ class Anomaly(msgspec.Struct, frozen=True):
     threshold: float
 
 
-def detect_anomalies(m: PPOMetrics, *, target_kl: float | None) -> list[Anomaly]:
+def detect_anomalies(
+    m: PPOMetrics, cfg: TelemetryConfig, *, target_kl: float | None
+) -> list[Anomaly]:
+    """The update's anomalies, against the ``telemetry.anomaly_*`` thresholds."""
     found: list[Anomaly] = []
     if m.skipped:
         found.append(Anomaly(AnomalyKind.NON_FINITE_LOSS, m.skip_reason, math.nan, math.nan))
         return found
-    if m.ratio_max > RATIO_EXPLOSION_THRESHOLD:
+    if m.ratio_max > cfg.anomaly_ratio_max:
         found.append(
             Anomaly(
                 AnomalyKind.RATIO_EXPLOSION,
                 "max policy ratio",
                 m.ratio_max,
-                RATIO_EXPLOSION_THRESHOLD,
+                cfg.anomaly_ratio_max,
             )
         )
-    if target_kl is not None and m.approx_kl > KL_SPIKE_FACTOR * target_kl:
-        limit = KL_SPIKE_FACTOR * target_kl
+    if target_kl is not None and m.approx_kl > cfg.anomaly_kl_factor * target_kl:
+        limit = cfg.anomaly_kl_factor * target_kl
         found.append(Anomaly(AnomalyKind.KL_SPIKE, "approx KL", m.approx_kl, limit))
-    if m.entropy_op < ENTROPY_COLLAPSE_THRESHOLD:
+    if m.entropy_op < cfg.anomaly_entropy_min:
         found.append(
             Anomaly(
                 AnomalyKind.ENTROPY_COLLAPSE,
                 "op-head entropy",
                 m.entropy_op,
-                ENTROPY_COLLAPSE_THRESHOLD,
+                cfg.anomaly_entropy_min,
             )
         )
-    if m.explained_variance < VALUE_COLLAPSE_EV:
+    if m.explained_variance < cfg.anomaly_ev_min:
         found.append(
             Anomaly(
                 AnomalyKind.VALUE_COLLAPSE,
                 "explained variance",
                 m.explained_variance,
-                VALUE_COLLAPSE_EV,
+                cfg.anomaly_ev_min,
             )
         )
     return found

@@ -18,18 +18,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from esper.core.constants import HOST_GRAD_CLIP
 from esper.core.enums import AmpMode
 from esper.core.layout import Layout
 from esper.training.env_state import TRAIN_ACCUM, EnvState
-
-#: Gradient clipping of host and seed parameters during host training.
-HOST_GRAD_CLIP = 5.0
 
 
 @dataclass(frozen=True)
 class PassOptions:
     amp: AmpMode
     channels_last: bool
+    grad_clip: float = HOST_GRAD_CLIP  # ``host.grad_clip``
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def train_batch(
     if scaler is not None:
         for opt in stepping:
             scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), HOST_GRAD_CLIP, foreach=True)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip, foreach=True)
     for opt in stepping:
         if scaler is not None:
             scaler.step(opt)

@@ -9,15 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from esper.config import Config
-from esper.core.constants import (
-    ENV_SEED_STRIDE,
-    HOST_LR,
-    HOST_MOMENTUM,
-    HOST_WEIGHT_DECAY,
-    ROUND_SEED_STRIDE,
-    SEED_LR,
-)
+from esper.config import Config, HostConfig
+from esper.core.constants import ENV_SEED_STRIDE, ROUND_SEED_STRIDE
 from esper.core.enums import AmpMode
 from esper.data.tasks import TaskSpec
 from esper.model import MorphogeneticModel, build_model
@@ -36,17 +29,14 @@ def resolve_env_devices(cfg: Config) -> list[torch.device]:
     return [torch.device(names[i % len(names)]) for i in range(cfg.run.n_envs)]
 
 
-def make_host_optimizer(model: MorphogeneticModel) -> torch.optim.Optimizer:
+def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(
-        model.host_parameters(),
-        lr=HOST_LR,
-        momentum=HOST_MOMENTUM,
-        weight_decay=HOST_WEIGHT_DECAY,
+        model.host_parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
 
 
-def make_seed_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=SEED_LR, momentum=HOST_MOMENTUM)
+def make_seed_optimizer(params: list[torch.nn.Parameter], cfg: HostConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=cfg.seed_lr, momentum=cfg.momentum)
 
 
 class EnvFactory:
@@ -80,7 +70,8 @@ class EnvFactory:
             index=index,
             device=device,
             model=model,
-            host_optimizer=make_host_optimizer(model),
+            host_optimizer=make_host_optimizer(model, self.cfg.host),
+            host_cfg=self.cfg.host,
             governor=governor,
             tracker=SignalTracker(),
             stream=torch.cuda.Stream(device=device) if use_cuda else None,  # type: ignore[no-untyped-call]

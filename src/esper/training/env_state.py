@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from esper.config import HostConfig
 from esper.core.layout import Layout
 from esper.core.records import (
     LifecycleRecord,
@@ -68,6 +69,8 @@ class EnvState:
     governor: Governor
     tracker: SignalTracker
     seed_optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    #: The host's training settings (``[host]``): seed optimizers are made from it.
+    host_cfg: HostConfig = field(default_factory=HostConfig)
     stream: torch.cuda.Stream | None = None
     scaler: torch.amp.GradScaler | None = None
     #: Lifecycle records reported by the model since the last drain (the model's callback).

@@ -95,7 +95,9 @@ class HostEnvs:
         self.n_envs = cfg.run.n_envs
         self.horizon = cfg.run.episode_length
         self.factory = EnvFactory(cfg, task.spec, env_offset=env_offset)
-        self.opts = PassOptions(amp=amp, channels_last=cfg.task.channels_last)
+        self.opts = PassOptions(
+            amp=amp, channels_last=cfg.task.channels_last, grad_clip=cfg.host.grad_clip
+        )
         self.iterator = self._batch_iterator(world_size)
         self.val = val_batches(
             task.val_x,

@@ -19,17 +19,6 @@ from esper.config import GovernorConfig
 from esper.core.enums import Initiator, PruneReason, RollbackReason
 from esper.core.records import RollbackRecord
 
-#: Healthy losses kept for the divergence and lobotomy statistics.
-HISTORY_WINDOW = 20
-#: Checks needed before the statistical detectors (lobotomy, divergence) may fire.
-MIN_HISTORY = 3
-#: "Well below random guessing": the recent mean loss was under this fraction of it.
-LOBOTOMY_WELL_BELOW_FRACTION = 0.6
-#: Recent healthy losses whose mean decides "well below" for the lobotomy check.
-LOBOTOMY_RECENT = 5
-#: Rollback penalties are clipped to [-ROLLBACK_PENALTY_CAP, 0].
-ROLLBACK_PENALTY_CAP = 10.0
-
 
 class GovernedModel(Protocol):
     """What the governor needs from a model."""
@@ -49,7 +38,7 @@ class Governor:
             raise ValueError(f"random_guess_loss must be positive, got {random_guess_loss}")
         self.cfg = cfg
         self.random_guess_loss = float(random_guess_loss)
-        self.history: deque[float] = deque(maxlen=HISTORY_WINDOW)
+        self.history: deque[float] = deque(maxlen=cfg.history_window)
         self._divergent_run = 0
         self._panicked = False
         self._snapshot: dict[str, Tensor] | None = None
@@ -105,10 +94,10 @@ class Governor:
     def _lobotomy_threshold(self, loss: float) -> float | None:
         """Loss back at random guessing after having been well below it."""
         rgl = self.random_guess_loss
-        if len(self.history) < MIN_HISTORY:
+        if len(self.history) < self.cfg.min_history:
             return None
-        recent = list(self.history)[-LOBOTOMY_RECENT:]
-        if statistics.fmean(recent) >= LOBOTOMY_WELL_BELOW_FRACTION * rgl:
+        recent = list(self.history)[-self.cfg.lobotomy_recent :]
+        if statistics.fmean(recent) >= self.cfg.lobotomy_below_fraction * rgl:
             return None
         band = self.cfg.lobotomy_tolerance * rgl
         if abs(loss - rgl) <= band:
@@ -117,7 +106,7 @@ class Governor:
 
     def _divergence_threshold(self) -> float | None:
         """All three conditions at once: above the floor, mean + k sigma, and factor x mean."""
-        if len(self.history) < MIN_HISTORY:
+        if len(self.history) < self.cfg.min_history:
             return None
         mean = statistics.fmean(self.history)
         sigma = statistics.pstdev(self.history)
@@ -164,4 +153,4 @@ class Governor:
 
     @property
     def penalty(self) -> float:
-        return min(0.0, max(-ROLLBACK_PENALTY_CAP, float(self.cfg.penalty)))
+        return min(0.0, max(-self.cfg.penalty_cap, float(self.cfg.penalty)))

@@ -103,7 +103,7 @@ class Learner:
         self.learning = cfg.policy.kind == PolicyKind.PPO
         dim = obs_dim(space.n_slots)
         self.obs_norm = RunningMeanStd((dim,), device=self.device)
-        self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma)
+        self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma, clip=cfg.reward.normalize_clip)
         self.value_norm = ValueNormalizer()
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(cfg.run.seed + POLICY_SEED_OFFSET)

@@ -39,8 +39,6 @@ from esper.policy.protocol import EvalOutput, Hidden
 from esper.training.buffer import RolloutBuffer
 from esper.training.normalizers import ValueNormalizer
 
-#: Adam epsilon (PyTorch's default is 1e-8; 1e-5 is the usual PPO choice for stability).
-ADAM_EPS = 1e-5
 #: Added to the advantage std before dividing.
 ADVANTAGE_EPS = 1e-8
 #: Value loss is 0.5 * squared error (so its gradient is the plain error).
@@ -171,7 +169,7 @@ class PPOUpdater:
         #: Multi-rank: gradients (with the loss and KL that gate the update) averaged
         #: over ranks before clipping, so every replica takes the same step.
         self.sync = sync
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=ADAM_EPS)
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self._relevance: Tensor | None = None
 
     # --- Schedules -------------------------------------------------------------------

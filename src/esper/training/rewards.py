@@ -37,16 +37,6 @@ from esper.core.records import RewardBreakdown, SlotReport, make_breakdown
 
 NAN = math.nan
 
-# --- Attribution (contribution family) -------------------------------------------------
-#: Reward per percentage point of credited contribution.
-ATTRIBUTION_WEIGHT = 0.1
-#: Reward per percentage point of harm (negative contribution): harm weighs more than
-#: help so that keeping a harmful seed is never a wash.
-HARM_WEIGHT = 0.15
-#: Anti-gaming: positive credit scales with alpha up to this alpha (a barely blended
-#: seed's "contribution" is mostly noise).
-FULL_CREDIT_ALPHA = 0.5
-
 # --- Stage shaping -----------------------------------------------------------------------
 #: Potential of one slot per stage; an env's potential is the sum over its slots.
 STAGE_POTENTIAL: dict[SeedStage, float] = {
@@ -60,37 +50,6 @@ STAGE_POTENTIAL: dict[SeedStage, float] = {
     SeedStage.EMBARGOED: 0.0,
     SeedStage.RESETTING: 0.0,
 }
-
-# --- Alpha shock (anti-gaming) ---------------------------------------------------------
-#: Alpha may move this much in one step for free ...
-ALPHA_SHOCK_FREE = 0.25
-#: ... beyond it each unit of alpha change costs this much.
-ALPHA_SHOCK_WEIGHT = 0.5
-
-# --- Per-op shaping and costs ----------------------------------------------------------
-GERMINATE_COST = -0.1
-#: Fossilize bonus per pp of contribution, capped at FOSSILIZE_BONUS_CAP_PP.
-FOSSILIZE_BONUS_PER_PP = 0.3
-FOSSILIZE_BONUS_CAP_PP = 10.0
-#: Fossilizing a seed that adds nothing (or whose contribution is unknown) costs this,
-#: plus FOSSILIZE_BONUS_PER_PP per pp of harm.
-FOSSILIZE_USELESS_PENALTY = -0.5
-PRUNE_COST = -0.05
-#: A seed younger than this many epochs is "young": pruning it costs up to
-#: PRUNE_YOUNG_PENALTY extra, linearly less as it ages.
-PRUNE_YOUNG_AGE = 10
-PRUNE_YOUNG_PENALTY = -0.3
-#: Pruning a helpful seed costs this per pp of its contribution.
-PRUNE_HELPFUL_PER_PP = -0.2
-INVALID_ACTION_PENALTY = -0.1
-
-# --- Loss family -----------------------------------------------------------------------
-#: Reward per unit of loss improvement, in units of the random-guess loss.
-LOSS_DELTA_WEIGHT = 10.0
-#: The normalised improvement is clipped to +-this (a blow-up is not -inf reward).
-LOSS_DELTA_CLIP = 1.0
-#: Terminal term of the loss family: 1 - loss/random_guess clipped to +-this.
-LOSS_TERMINAL_CLIP = 1.0
 
 
 class SeedCredit(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,7 +107,7 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
-def credit(contribution_pp: float, progress_pp: float, alpha: float, *, anti_gaming: bool) -> float:
+def credit(contribution_pp: float, progress_pp: float, alpha: float, cfg: RewardConfig) -> float:
     """Attribution for one seed. Harm counts in full; help is capped when anti-gaming.
 
     The cap: a seed cannot claim more than the env gained since it germinated (a host
@@ -157,13 +116,13 @@ def credit(contribution_pp: float, progress_pp: float, alpha: float, *, anti_gam
     if not _finite(contribution_pp):
         return 0.0
     if contribution_pp < 0.0:
-        return HARM_WEIGHT * contribution_pp
+        return cfg.harm_weight * contribution_pp
     credited = contribution_pp
-    if anti_gaming:
+    if cfg.anti_gaming:
         if _finite(progress_pp):
             credited = min(credited, max(progress_pp, 0.0))
-        credited *= min(1.0, max(alpha, 0.0) / FULL_CREDIT_ALPHA)
-    return ATTRIBUTION_WEIGHT * credited
+        credited *= min(1.0, max(alpha, 0.0) / cfg.full_credit_alpha)
+    return cfg.attribution_weight * credited
 
 
 def _target_seed_alive(inp: RewardInputs) -> SlotReport | None:
@@ -173,16 +132,13 @@ def _target_seed_alive(inp: RewardInputs) -> SlotReport | None:
     return seed
 
 
-def attribution(inp: RewardInputs, *, anti_gaming: bool) -> float:
+def attribution(inp: RewardInputs, cfg: RewardConfig) -> float:
     if inp.credits:
-        return sum(
-            credit(c.contribution_pp, c.progress_pp, c.alpha, anti_gaming=anti_gaming)
-            for c in inp.credits
-        )
+        return sum(credit(c.contribution_pp, c.progress_pp, c.alpha, cfg) for c in inp.credits)
     seed = _target_seed_alive(inp)
     if seed is None:
         return 0.0
-    return credit(inp.contribution_pp, inp.progress_pp, seed.alpha, anti_gaming=anti_gaming)
+    return credit(inp.contribution_pp, inp.progress_pp, seed.alpha, cfg)
 
 
 def stage_shaping(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> float:
@@ -204,41 +160,43 @@ def rent(inp: RewardInputs, cfg: RewardConfig) -> float:
     return -min(cfg.rent_weight * math.log1p(growth), cfg.rent_cap)
 
 
-def alpha_shock(inp: RewardInputs) -> float:
-    return -ALPHA_SHOCK_WEIGHT * max(0.0, abs(inp.alpha_change) - ALPHA_SHOCK_FREE)
+def alpha_shock(inp: RewardInputs, cfg: RewardConfig) -> float:
+    """Alpha may move ``alpha_shock_free`` per step for free; beyond it, each unit costs."""
+    return -cfg.alpha_shock_weight * max(0.0, abs(inp.alpha_change) - cfg.alpha_shock_free)
 
 
-def fossilize_bonus(contribution_pp: float) -> float:
+def fossilize_bonus(contribution_pp: float, cfg: RewardConfig) -> float:
     """Grows with the contribution (capped); a useless or harmful seed costs instead."""
     if _finite(contribution_pp) and contribution_pp > 0.0:
-        return FOSSILIZE_BONUS_PER_PP * min(contribution_pp, FOSSILIZE_BONUS_CAP_PP)
+        return cfg.fossilize_bonus_per_pp * min(contribution_pp, cfg.fossilize_bonus_cap_pp)
     harm = contribution_pp if _finite(contribution_pp) else 0.0
-    return FOSSILIZE_USELESS_PENALTY + FOSSILIZE_BONUS_PER_PP * harm
+    return cfg.fossilize_useless_penalty + cfg.fossilize_bonus_per_pp * harm
 
 
-def prune_penalty(age_epochs: int, contribution_pp: float) -> float:
+def prune_penalty(age_epochs: int, contribution_pp: float, cfg: RewardConfig) -> float:
     """Base cost, more for a young seed, more for a helpful one."""
-    youth = max(PRUNE_YOUNG_AGE - max(age_epochs, 0), 0) / PRUNE_YOUNG_AGE
+    young = cfg.prune_young_age
+    youth = max(young - max(age_epochs, 0), 0) / young
     helpful = max(contribution_pp, 0.0) if _finite(contribution_pp) else 0.0
-    return PRUNE_COST + PRUNE_YOUNG_PENALTY * youth + PRUNE_HELPFUL_PER_PP * helpful
+    return cfg.prune_cost + cfg.prune_young_penalty * youth + cfg.prune_helpful_per_pp * helpful
 
 
-def op_shaping(inp: RewardInputs) -> dict[str, float]:
+def op_shaping(inp: RewardInputs, cfg: RewardConfig) -> dict[str, float]:
     """Costs and bonuses of the op just executed (nothing for a failed op)."""
     if not inp.executed:
         return {}
     if inp.op == LifecycleOp.GERMINATE:
-        return {"germinate_cost": GERMINATE_COST}
+        return {"germinate_cost": cfg.germinate_cost}
     if inp.op == LifecycleOp.FOSSILIZE:
-        return {"fossilize_bonus": fossilize_bonus(inp.contribution_pp)}
+        return {"fossilize_bonus": fossilize_bonus(inp.contribution_pp, cfg)}
     if inp.op == LifecycleOp.PRUNE:
         age = inp.slot_before.age_epochs if inp.slot_before is not None else 0
-        return {"prune_penalty": prune_penalty(age, inp.contribution_pp)}
+        return {"prune_penalty": prune_penalty(age, inp.contribution_pp, cfg)}
     return {}
 
 
-def _invalid(inp: RewardInputs) -> float:
-    return 0.0 if inp.executed or inp.op == LifecycleOp.WAIT else INVALID_ACTION_PENALTY
+def _invalid(inp: RewardInputs, cfg: RewardConfig) -> float:
+    return 0.0 if inp.executed or inp.op == LifecycleOp.WAIT else cfg.invalid_action_penalty
 
 
 def _accuracy_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
@@ -255,35 +213,37 @@ def _loss_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
     if math.isnan(loss):
         return 0.0
     score = 1.0 - loss / inp.random_guess_loss  # -inf for an infinite loss: clipped below
-    return cfg.terminal_weight * min(max(score, -LOSS_TERMINAL_CLIP), LOSS_TERMINAL_CLIP)
+    clip = cfg.loss_terminal_clip
+    return cfg.terminal_weight * min(max(score, -clip), clip)
 
 
-def loss_delta(inp: RewardInputs) -> float:
+def loss_delta(inp: RewardInputs, cfg: RewardConfig) -> float:
     """Loss improvement since the last step in units of the random-guess loss, clipped."""
     if not (inp.random_guess_loss > 0) or math.isnan(inp.prev_val_loss - inp.val_loss):
         return 0.0
     gain = (inp.prev_val_loss - inp.val_loss) / inp.random_guess_loss
-    return LOSS_DELTA_WEIGHT * min(max(gain, -LOSS_DELTA_CLIP), LOSS_DELTA_CLIP)
+    clip = cfg.loss_delta_clip
+    return cfg.loss_delta_weight * min(max(gain, -clip), clip)
 
 
 def _common(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> dict[str, float]:
     """Rent, shaping, anti-gaming and costs shared by the dense families."""
     parts: dict[str, float] = {
         "rent": rent(inp, cfg),
-        "invalid_penalty": _invalid(inp),
+        "invalid_penalty": _invalid(inp, cfg),
         "rollback_penalty": inp.rollback_penalty,
     }
     if cfg.shaping:
         parts["stage_shaping"] = stage_shaping(inp, cfg, gamma=gamma)
-        parts.update(op_shaping(inp))
+        parts.update(op_shaping(inp, cfg))
     if cfg.anti_gaming:
-        parts["alpha_shock"] = alpha_shock(inp)
+        parts["alpha_shock"] = alpha_shock(inp, cfg)
     return parts
 
 
 def contribution_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
     return make_breakdown(
-        attribution=attribution(inp, anti_gaming=cfg.anti_gaming),
+        attribution=attribution(inp, cfg),
         terminal=_accuracy_terminal(inp, cfg),
         **_common(inp, cfg, gamma=gamma),
     )
@@ -291,7 +251,7 @@ def contribution_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -
 
 def loss_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
     return make_breakdown(
-        loss_delta=loss_delta(inp),
+        loss_delta=loss_delta(inp, cfg),
         terminal=_loss_terminal(inp, cfg),
         **_common(inp, cfg, gamma=gamma),
     )
@@ -326,7 +286,7 @@ def accuracy_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> Re
         "attribution": accuracy_gain(inp, cfg),
         "rent": param_cost(inp, cfg),
         "terminal": _accuracy_terminal(inp, cfg),
-        "invalid_penalty": _invalid(inp),
+        "invalid_penalty": _invalid(inp, cfg),
         "rollback_penalty": inp.rollback_penalty,
     }
     if cfg.shaping:

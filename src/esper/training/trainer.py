@@ -180,7 +180,7 @@ class VectorizedTrainer:
         times.ppo_ms += (time.perf_counter() - t0) * 1e3
         if metrics is not None:
             self.recorder.ppo_update(metrics, rnd=rnd)
-            found = detect_anomalies(metrics, target_kl=self.cfg.ppo.target_kl)
+            found = detect_anomalies(metrics, self.cfg.telemetry, target_kl=self.cfg.ppo.target_kl)
             self.recorder.anomalies(found, rnd=rnd, escalated=self.escalator.escalates(found))
             self.escalator.report(found, rnd=rnd)
         envs = self.envs.summaries()
