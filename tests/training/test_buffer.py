@@ -53,8 +53,6 @@ def reference_gae(
     values: list[float],
     last_value: float,
     terminal: list[bool],
-    truncated: list[bool],
-    bootstrap: list[float],
     gamma: float,
     lam: float,
 ) -> tuple[list[float], list[float]]:
@@ -67,15 +65,13 @@ def reference_gae(
         for k in range(t, t_len):
             if terminal[k]:
                 nxt = 0.0
-            elif truncated[k]:
-                nxt = bootstrap[k]
             elif k == t_len - 1:
                 nxt = last_value
             else:
                 nxt = values[k + 1]
             delta = rewards[k] + gamma * nxt - values[k]
             total += weight * delta
-            if terminal[k] or truncated[k]:
+            if terminal[k]:
                 break
             weight *= gamma * lam
         adv[t] = total
@@ -94,10 +90,6 @@ def test_gae_matches_slow_reference(n: int, t: int, seed: int, gamma: float, lam
     gen = torch.Generator().manual_seed(seed + 1)
     dones = torch.rand(n, t, generator=gen) < 0.15
     buf = _filled(n, t, seed, dones=dones)
-    trunc = torch.rand(n, t, generator=gen) < 0.2
-    boot = torch.randn(n, t, generator=gen)
-    for step in range(t):
-        buf.set_truncation(step, trunc[:, step], boot[:, step])
     if t > 1:
         buf.apply_rollback(0, 0, t // 2, penalty=-10.0, penalty_normalized=-2.0)
     last = torch.randn(n, generator=gen)
@@ -110,8 +102,6 @@ def test_gae_matches_slow_reference(n: int, t: int, seed: int, gamma: float, lam
             buf.values[e].tolist(),
             float(last[e]),
             terminal[e].tolist(),
-            (buf.truncated[e] & ~terminal[e]).tolist(),
-            buf.bootstrap_values[e].tolist(),
             gamma,
             lam,
         )
@@ -119,20 +109,18 @@ def test_gae_matches_slow_reference(n: int, t: int, seed: int, gamma: float, lam
         torch.testing.assert_close(buf.returns[e], torch.tensor(ret), rtol=1e-4, atol=1e-4)
 
 
-def test_last_step_and_mid_episode_truncation_bootstrap_from_the_given_value() -> None:
+def test_an_open_last_step_bootstraps_from_the_given_value() -> None:
     buf = _filled(2, 3)
-    buf.set_truncation(1, torch.tensor([True, False]), torch.tensor([7.0, 99.0]))
     buf.compute_returns_and_advantages(torch.tensor([5.0, -4.0]), gamma=0.9, gae_lambda=0.5)
     r, v = buf.learning_rewards(), buf.values
     # Last step: delta = r + gamma * V(s_T) - V(s_{T-1}).
     for e, last in enumerate((5.0, -4.0)):
         expected = r[e, 2] + 0.9 * last - v[e, 2]
         torch.testing.assert_close(buf.advantages[e, 2], expected)
-    # Env 0 was cut after step 1: bootstrap 7.0, and no advantage flows back from step 2.
-    torch.testing.assert_close(buf.advantages[0, 1], r[0, 1] + 0.9 * 7.0 - v[0, 1])
-    # Env 1 was not cut: its unused bootstrap value is ignored.
-    delta1 = r[1, 1] + 0.9 * v[1, 2] - v[1, 1]
-    torch.testing.assert_close(buf.advantages[1, 1], delta1 + 0.45 * buf.advantages[1, 2])
+    # Earlier steps: the advantage flows back from the next step.
+    for e in range(2):
+        delta = r[e, 1] + 0.9 * v[e, 2] - v[e, 1]
+        torch.testing.assert_close(buf.advantages[e, 1], delta + 0.45 * buf.advantages[e, 2])
 
 
 @pytest.mark.parametrize("rollback_first", [True, False])
@@ -196,12 +184,11 @@ def test_rollback_changes_only_that_env_and_the_penalty_lands(
 def test_start_resets_flags_and_masks_round_trip() -> None:
     buf = _filled(2, 2)
     buf.apply_rollback(0, 0, 1, -10.0)
-    buf.set_truncation(0, torch.tensor([True, True]), torch.tensor([1.0, 2.0]))
     masks = buf.stacked_masks()
     assert masks.op.shape == (2, 2, SIZES["op"]) and masks.slot.shape == (2, 2, 6, N_SLOTS)
     h = (torch.ones(1, 2, HIDDEN), torch.zeros(1, 2, HIDDEN))
     buf.start(h)
-    assert not buf.full and not buf.segment_end.any() and not buf.truncated.any()
+    assert not buf.full and not buf.segment_end.any() and not buf.dones.any()
     assert buf.penalties.abs().sum() == 0 and torch.equal(buf.hidden0[0], h[0])
     with pytest.raises(RuntimeError, match="incomplete"):
         buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.9, gae_lambda=0.9)
@@ -215,7 +202,6 @@ def test_start_resets_flags_and_masks_round_trip() -> None:
 def test_cuda_buffer_matches_cpu() -> None:
     cpu, gpu = _filled(3, 5, seed=2), _filled(3, 5, seed=2, device="cuda")
     for buf in (cpu, gpu):
-        buf.set_truncation(1, torch.tensor([True, False, True]), torch.tensor([1.0, 2.0, 3.0]))
         buf.apply_rollback(2, 1, 3, -10.0, penalty_normalized=-2.0)
         buf.compute_returns_and_advantages(torch.ones(3), gamma=0.99, gae_lambda=0.95)
     torch.testing.assert_close(gpu.advantages.cpu(), cpu.advantages)

@@ -277,6 +277,6 @@ class FactoredActorCritic(nn.Module):
 
     @torch.no_grad()
     def predict_value(self, obs: Tensor, blueprint_ids: Tensor, hidden: Hidden) -> Tensor:
-        """V(s) [N] without sampling (for bootstrapping the truncated last step)."""
+        """V(s) [N] without sampling (evaluation and tests; training needs no bootstrap)."""
         values: Tensor = self(obs.unsqueeze(1), blueprint_ids.unsqueeze(1), hidden)[2]
         return values.squeeze(1)

@@ -85,9 +85,14 @@ class RoundFinished(Event, tag="round_finished", frozen=True, gc=False, kw_only=
     mean_episode_reward: float
     mean_final_accuracy: float
     rollbacks: int
+    #: Phase wall times summed over the round's steps, in milliseconds.
     train_ms: float
     val_ms: float
+    #: Observation (features, masks) plus the policy forward: everything between a
+    #: step's host epoch and its actions. ``env_step`` reports the two parts apart
+    #: (``features_ms``, ``policy_ms``).
     policy_ms: float
+    #: Executing the actions, rewards, the buffer write and the step's events.
     action_ms: float
     ppo_ms: float
 

@@ -64,8 +64,6 @@ class RolloutBuffer:
         self.rewards_normalized = torch.zeros(n, t, device=dev)
         self.rewards_raw = torch.zeros(n, t, device=dev)
         self.dones = torch.zeros(n, t, dtype=torch.bool, device=dev)
-        self.truncated = torch.zeros(n, t, dtype=torch.bool, device=dev)
-        self.bootstrap_values = torch.zeros(n, t, device=dev)
         # Rollback bookkeeping: kept apart from what ``add`` writes (order-independent).
         self.penalties = torch.zeros(n, t, device=dev)
         self.penalties_raw = torch.zeros(n, t, device=dev)
@@ -97,9 +95,9 @@ class RolloutBuffer:
             raise ValueError(f"hidden0 shapes {tuple(h.shape)} != {tuple(self.hidden0[0].shape)}")
         self.hidden0[0].copy_(h)
         self.hidden0[1].copy_(c)
-        for flags in (self.dones, self.truncated, self.segment_end, self.rolled_back):
+        for flags in (self.dones, self.segment_end, self.rolled_back):
             flags.zero_()
-        for values in (self.penalties, self.penalties_raw, self.bootstrap_values):
+        for values in (self.penalties, self.penalties_raw):
             values.zero_()
         self._written = [False] * self.horizon
         self._hidden_written = [False] * self.horizon
@@ -144,17 +142,6 @@ class RolloutBuffer:
         if not self._written[step]:
             self._written[step] = True
             self.steps_written += 1
-        self.advantages_ready = False
-
-    def set_truncation(self, step: int, truncated: Tensor, bootstrap_values: Tensor) -> None:
-        """Mark envs whose episode was cut after ``step``; they bootstrap from the value."""
-        self._check_step(step)
-        self.truncated[:, step] = truncated
-        self.bootstrap_values[:, step] = torch.where(
-            truncated.to(self.device, torch.bool),
-            bootstrap_values.to(self.device, self.bootstrap_values.dtype),
-            self.bootstrap_values[:, step],
-        )
         self.advantages_ready = False
 
     def apply_rollback(
@@ -247,8 +234,7 @@ class RolloutBuffer:
         A done (the trainer marks every episode's last step done: the episode is a true
         terminal, see docs/training.md) or a rollback segment end bootstraps nothing. A row
         whose last step is *not* done was cut by a time limit and bootstraps from
-        ``last_values`` = V(s_T) (required then); a mid-episode truncation bootstraps
-        from its stored value and stops the advantage recursion.
+        ``last_values`` = V(s_T) (required then).
         """
         if not self.full:
             raise RuntimeError(f"rollout incomplete: {self.steps_written}/{self.horizon} steps")
@@ -259,16 +245,14 @@ class RolloutBuffer:
                 raise ValueError("rows end without a done: pass last_values to bootstrap them")
         rewards = self.learning_rewards()
         terminal = self.dones | self.segment_end
-        cut = self.truncated & ~terminal
         next_value = last_values.to(self.device, self.values.dtype).reshape(self.n_envs)
         running = torch.zeros(self.n_envs, device=self.device)
         for t in reversed(range(self.horizon)):
             if t < self.horizon - 1:
                 next_value = self.values[:, t + 1]
-            boot = torch.where(cut[:, t], self.bootstrap_values[:, t], next_value)
-            boot = boot.masked_fill(terminal[:, t], 0.0)
+            boot = next_value.masked_fill(terminal[:, t], 0.0)
             delta = rewards[:, t] + gamma * boot - self.values[:, t]
-            carry = (~(terminal[:, t] | cut[:, t])).to(running.dtype)
+            carry = (~terminal[:, t]).to(running.dtype)
             running = delta + gamma * gae_lambda * carry * running
             self.advantages[:, t] = running
         self.returns.copy_(self.advantages + self.values)
