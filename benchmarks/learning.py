@@ -66,6 +66,10 @@ QUICK: dict[str, Any] = {
     "policy.lstm_hidden": 16,
 }
 PARAMS_PER_K = 1000.0
+#: Config keys that change only what PPO does (the other policies ignore them).
+PPO_PREFIX = "ppo."
+#: Per-round series of a run's results (one value per round).
+ROUND_SERIES = ("reward", "acc", "params", "fossilized", "pruned", "germinated")
 
 
 class EagerGrower(HeuristicPolicy):
@@ -173,10 +177,7 @@ def run_policy(cfg: Config, name: str, seed: int, data: Any) -> dict[str, Any]:
         train(run_cfg, telemetry=hub, data=data, policy=policy, save=Path(tmp) / "ckpt.pt")
     wall = time.perf_counter() - t0
     rounds = run_cfg.run.rounds
-    per: dict[str, list[list[float]]] = {
-        k: [[] for _ in range(rounds)]
-        for k in ("reward", "acc", "params", "fossilized", "pruned", "germinated")
-    }
+    per: dict[str, list[list[float]]] = {k: [[] for _ in range(rounds)] for k in ROUND_SERIES}
     ppo: dict[str, list[float]] = {"ev": [], "kl": [], "clip": [], "value_loss": []}
     for e in hub.events:
         if isinstance(e, ev.EpisodeFinished):
@@ -219,7 +220,7 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], rounds: int) -> dict[s
     summary: dict[str, Any] = {"last_third_rounds": [last.start, last.stop - 1]}
     for name, by_seed in runs.items():
         row: dict[str, Any] = {}
-        for key in ("reward", "acc", "params", "fossilized", "pruned", "germinated"):
+        for key in ROUND_SERIES:
             row[key] = _mean_se([by_seed[s][key][r] for s in seeds for r in last])[0]
         row["reward_per_round"] = [
             statistics.fmean(by_seed[s]["reward"][r] for s in seeds) for r in range(rounds)
@@ -324,7 +325,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    parser.add_argument(
+        "--policies",
+        type=lambda s: s.split(","),
+        default=None,
+        help=f"default {','.join(POLICIES)}; with --merge: keep only these from the files",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (JSON)"
     )
@@ -338,8 +344,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="JSON",
         help="summarise earlier results files together (e.g. one per seed, run in parallel)",
     )
+    parser.add_argument(
+        "--baselines",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="JSON",
+        help="with --merge: take the policies other than PPO that the --merge files lack "
+        "from these files (e.g. a PPO-only variant against baselines run once)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="with --merge: keep each run's first N rounds (parts may differ in run.rounds)",
+    )
     args = parser.parse_args(argv)
-    bad = [p for p in args.policies if p not in POLICIES + EXTRA_POLICIES]
+    if args.baselines and not args.merge:
+        parser.error("--baselines: only with --merge")
+    if args.rounds is not None and (not args.merge or args.rounds < 1):
+        parser.error(
+            "--rounds: a positive count, only with --merge (to run N rounds: --set run.rounds=N)"
+        )
+    bad = [p for p in args.policies or () if p not in POLICIES + EXTRA_POLICIES]
     if bad:
         parser.error(f"--policies: unknown {bad}; choose from {list(POLICIES + EXTRA_POLICIES)}")
     return args
@@ -377,19 +404,75 @@ def _payload(
     }
 
 
+def _truncated(run: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """A run's first ``rounds`` rounds (per-round series and one PPO update per round)."""
+    out = {k: v[:rounds] if k in ROUND_SERIES else v for k, v in run.items()}
+    if "ppo" in run:
+        out["ppo"] = {k: v[:rounds] for k, v in run["ppo"].items()}
+    return out
+
+
+def _merge_key(part: dict[str, Any], rounds: int | None) -> tuple[str, dict[str, Any]]:
+    """What must match between merged files; ``run.rounds`` may differ when truncating.
+
+    ``ppo.*`` keys are left out: they change only the PPO runs, so a PPO variant can be
+    summarised with baselines run once (the PPO files themselves must agree on them,
+    :func:`_ppo_overrides`).
+    """
+    overrides = {k: v for k, v in part["overrides"].items() if not k.startswith(PPO_PREFIX)}
+    if rounds is not None:
+        if part["rounds"] < rounds:
+            raise SystemExit(f"--rounds {rounds}: a results file has only {part['rounds']} rounds")
+        overrides.pop("run.rounds", None)
+    return part["config"], overrides
+
+
+def _ppo_overrides(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``ppo.*`` overrides of the files holding PPO runs (which must agree)."""
+    found = [
+        {k: v for k, v in part["overrides"].items() if k.startswith(PPO_PREFIX)}
+        for part in parts
+        if "ppo" in part["runs"]
+    ]
+    if any(f != found[0] for f in found):
+        raise SystemExit("--merge: the PPO runs come from different ppo.* settings")
+    return found[0] if found else {}
+
+
 def _merge(args: argparse.Namespace) -> int:
-    """One summary over several results files (same config, disjoint seeds)."""
+    """One summary over several results files (same config, disjoint seeds).
+
+    With ``--rounds N`` every run is cut to its first N rounds, so runs of different
+    lengths can be compared: nothing in a run's round r depends on ``run.rounds`` (the
+    lr and entropy schedules count their own rounds), so the first N rounds of a longer
+    run are the rounds an N-round run would have played.
+    """
     parts = [json.loads(Path(p).read_text()) for p in args.merge]
+    merged = {policy for part in parts for policy in part["runs"]}
+    bases = [json.loads(Path(p).read_text()) for p in args.baselines]
+    for base in bases:
+        base["runs"] = {k: v for k, v in base["runs"].items() if k != "ppo" and k not in merged}
+    parts += bases
+    if args.policies:
+        for part in parts:
+            part["runs"] = {k: v for k, v in part["runs"].items() if k in args.policies}
     first = parts[0]
     runs: dict[str, dict[int, dict[str, Any]]] = {}
-    for part in parts:
-        if (part["config"], part["overrides"]) != (first["config"], first["overrides"]):
-            raise SystemExit("--merge: results files come from different configurations")
+    for path, part in zip([*args.merge, *args.baselines], parts, strict=True):
+        if _merge_key(part, args.rounds) != _merge_key(first, args.rounds):
+            raise SystemExit(f"--merge: {path} comes from a different configuration")
         for policy, by_seed in part["runs"].items():
-            runs.setdefault(policy, {}).update({int(s): r for s, r in by_seed.items()})
+            for s, r in by_seed.items():
+                if int(s) in runs.setdefault(policy, {}):
+                    raise SystemExit(f"--merge: {path}: {policy} seed {s} is in two files")
+                runs[policy][int(s)] = _truncated(r, args.rounds) if args.rounds else r
     wall = sum(p["wall_minutes"] for p in parts) * 60
-    cfg = with_overrides(load_config(first["config"]), first["overrides"])
-    payload = _payload(args, cfg, first["overrides"], runs, wall)
+    overrides = {k: v for k, v in first["overrides"].items() if not k.startswith(PPO_PREFIX)}
+    overrides.update(_ppo_overrides(parts))
+    if args.rounds is not None:
+        overrides["run.rounds"] = args.rounds
+    cfg = with_overrides(load_config(first["config"]), overrides)
+    payload = _payload(args, cfg, overrides, runs, wall)
     payload["config"], payload["quick"] = first["config"], first.get("quick", False)
     payload["wall_minutes_note"] = "sum of the merged parts' wall times (they may have overlapped)"
     _print(payload["summary"], list(runs))
@@ -408,14 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or ([0, 1] if args.quick else list(DEFAULT_SEEDS))
     data = load_task(cfg.task, seed=0)
     t0 = time.perf_counter()
-    runs: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in args.policies}
+    policies = args.policies or list(POLICIES)
+    runs: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in policies}
     for seed in seeds:
-        for name in args.policies:
+        for name in policies:
             runs[name][seed] = run_policy(cfg, name, seed, data)
             print(f"{name} seed {seed}: {runs[name][seed]['wall_s']:.0f} s", flush=True)
     wall = time.perf_counter() - t0
     payload = _payload(args, cfg, overrides, runs, wall)
-    _print(payload["summary"], args.policies)
+    _print(payload["summary"], policies)
     print(f"total {wall / 60:.1f} minutes on {machine_info()['cores']} cores")
     write_results(args.out, args.name or ("learning_quick" if args.quick else "learning"), payload)
     return 0

@@ -46,3 +46,70 @@ def test_quick_per_seed_runs_merge_into_one_summary(tmp_path: Path) -> None:
     vs = summary["vs_static"]
     assert set(vs) == set(POLICIES) - {"static"} and vs["ppo"]["n"] == pair["n"]
     assert 0 <= vs["random"]["agree"] <= vs["random"]["n"]
+
+
+def test_merge_rounds_cuts_a_longer_run_to_the_rounds_a_shorter_run_played(
+    tmp_path: Path,
+) -> None:
+    """Round r does not depend on run.rounds, so a 3-round run cut to 2 rounds is the
+    2-round run (PPO included): what lets one long run stand for several lengths."""
+    common = ("--quick", "--seeds", "0", "--policies", "static,ppo")
+    _run(tmp_path, *common, "--name", "long")
+    _run(tmp_path, *common, "--set", "run.rounds=2", "--name", "short")
+    _run(tmp_path, "--merge", str(tmp_path / "long.json"), "--rounds", "2", "--name", "cut")
+    cut: dict[str, Any] = json.loads((tmp_path / "cut.json").read_text())
+    short: dict[str, Any] = json.loads((tmp_path / "short.json").read_text())
+    assert cut["rounds"] == 2 and cut["overrides"]["run.rounds"] == 2
+    for policy in ("static", "ppo"):
+        a, b = cut["runs"][policy]["0"], short["runs"][policy]["0"]
+        for key in ("reward", "acc", "params", "germinated"):
+            assert a[key] == b[key] and len(a[key]) == 2, (policy, key)
+    assert cut["runs"]["ppo"]["0"]["ppo"] == short["runs"]["ppo"]["0"]["ppo"]
+    assert cut["summary"]["paired"] == short["summary"]["paired"]
+
+
+def test_merge_rounds_refuses_more_rounds_than_a_file_has_and_needs_merge(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static", "--name", "s")
+    merge = ("--merge", str(tmp_path / "s.json"), "--rounds", "4")
+    longer = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *merge],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert longer.returncode != 0 and "only 3 rounds" in longer.stderr
+    alone = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rounds", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert alone.returncode == 2 and "--rounds" in alone.stderr
+
+
+def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> None:
+    """ppo.* settings change only the PPO runs: a PPO-only variant merges with the other
+    policies of a baseline file (--baselines); a (policy, seed) twice is refused."""
+    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static,ppo", "--name", "base")
+    variant = ("--set", "ppo.entropy_coef=0.02", "--policies", "ppo")
+    _run(tmp_path, "--quick", "--seeds", "0", *variant, "--name", "var")
+    files = (str(tmp_path / "base.json"), str(tmp_path / "var.json"))
+    _run(tmp_path, "--merge", files[1], "--baselines", files[0], "--name", "m")
+    data: dict[str, Any] = json.loads((tmp_path / "m.json").read_text())
+    var: dict[str, Any] = json.loads((tmp_path / "var.json").read_text())
+    assert data["overrides"]["ppo.entropy_coef"] == 0.02
+    assert data["runs"]["ppo"]["0"]["reward"] == var["runs"]["ppo"]["0"]["reward"]
+    assert set(data["runs"]) == {"ppo", "static"}
+    assert "ppo-static:reward" in data["summary"]["paired"]
+    twice = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--merge", *files],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert twice.returncode != 0 and "ppo seed 0 is in two files" in twice.stderr
