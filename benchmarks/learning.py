@@ -475,6 +475,9 @@ def _merge(args: argparse.Namespace) -> int:
     payload = _payload(args, cfg, overrides, runs, wall)
     payload["config"], payload["quick"] = first["config"], first.get("quick", False)
     payload["wall_minutes_note"] = "sum of the merged parts' wall times (they may have overlapped)"
+    if args.rounds is not None:
+        lengths = sorted({part["rounds"] for part in parts})
+        payload["rounds_note"] = f"the first {args.rounds} rounds of runs of {lengths} rounds"
     _print(payload["summary"], list(runs))
     write_results(args.out, args.name or "learning", payload)
     return 0
