@@ -10,8 +10,10 @@ alive at the end, the time from entering its last stage to the episode's end ste
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Final
+import math
+from typing import Any, ClassVar, Final
 
+import numpy as np
 import polars as pl
 
 from esper.core.enums import SeedStage
@@ -78,32 +80,34 @@ def _duration_column(stage: str) -> str:
     return f"epochs_{stage.lower()}"
 
 
-def _stage_durations(changes: pl.LazyFrame, key: list[str]) -> pl.LazyFrame:
-    """Recorded epochs per live stage, one column per stage."""
-    return changes.group_by(key).agg(
-        *(
-            pl.col("epochs_in_prev_stage")
-            .filter(pl.col("from_stage") == stage)
-            .sum()
-            .alias(_duration_column(stage))
-            for stage in LIVE_STAGES
-        ),
-        last_stage=pl.col("to_stage").sort_by("seq").last(),
-        last_change_step=pl.col("step").sort_by("seq").last(),
-    )
+#: Integer parts of :data:`SEED_KEY`, carried through the sorts (strings are joined last).
+_INT_KEY: Final = ["rank", "round", "env"]
+#: The columns read per seed event type (besides :data:`SEED_KEY`).
+_COLUMNS: Final = {
+    "seed_germinated": ("seq", "step", "blueprint", "params"),
+    "seed_stage_changed": ("seq", "step", "from_stage", "to_stage", "epochs_in_prev_stage"),
+    "seed_fossilized": ("seq", "step", "contribution"),
+    "seed_pruned": ("seq", "step", "reason", "initiator", "stage_at_prune", "contribution"),
+}
+#: An order key packs its integer columns into one Int64 when their spans fit this.
+_MAX_PACKED: Final = 2**62
 
 
-def _scans(run: Run) -> dict[str, pl.LazyFrame]:
-    """The four seed event types, each with :data:`SEED_HASH` added."""
-    return {
-        t: run.scan(t).with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
-        for t in SEED_EVENT_TYPES
-    }
+def _read(run: Run) -> dict[str, pl.DataFrame]:
+    """The four seed event types, narrow and with :data:`SEED_HASH`, read once in parallel
+    (every later step works on these frames instead of re-reading the files)."""
+    plans = [
+        run.scan(t)
+        .select(*SEED_KEY, *cols)
+        .with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
+        for t, cols in _COLUMNS.items()
+    ]
+    return dict(zip(_COLUMNS, pl.collect_all(plans), strict=True))
 
 
-def _seed_keys(scans: dict[str, pl.LazyFrame]) -> pl.DataFrame:
+def _seed_keys(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """Every distinct seed (``SEED_KEY`` plus its hash) named by any seed event."""
-    return pl.concat([f.select(*SEED_KEY, SEED_HASH) for f in scans.values()]).unique().collect()
+    return pl.concat([f.select(*SEED_KEY, SEED_HASH) for f in frames.values()]).unique()
 
 
 def _join_key(keys: pl.DataFrame) -> list[str]:
@@ -112,20 +116,59 @@ def _join_key(keys: pl.DataFrame) -> list[str]:
     return [SEED_HASH] if keys[SEED_HASH].n_unique() == keys.height else list(SEED_KEY)
 
 
-def _seed_table(
-    run: Run, scans: dict[str, pl.LazyFrame], keys: pl.DataFrame, key: list[str]
-) -> pl.LazyFrame:
-    germ = scans["seed_germinated"].select(*key, "blueprint", "params", germinated_step="step")
-    fossil = scans["seed_fossilized"].select(
-        *key, fossil_step="step", fossil_contribution="contribution"
+def _starts(frames: dict[str, pl.DataFrame], key: list[str]) -> pl.DataFrame:
+    """Germinations and stage changes, sorted by seed then ``seq``: the one sort both the
+    stage durations and the timeline segments are read from."""
+    cols = [*dict.fromkeys([*key, *_INT_KEY]), "seq", "step"]
+    germ = frames["seed_germinated"].select(*cols, stage=pl.lit(SeedStage.GERMINATED.value))
+    changes = frames["seed_stage_changed"].select(
+        *cols, "from_stage", "epochs_in_prev_stage", stage="to_stage"
     )
-    pruned = scans["seed_pruned"].select(
-        *key,
-        "reason",
-        "initiator",
-        "stage_at_prune",
-        prune_step="step",
-        prune_contribution="contribution",
+    return pl.concat([germ, changes], how="diagonal").sort(*key, "seq")
+
+
+def _stage_durations(starts: pl.DataFrame, key: list[str]) -> pl.LazyFrame:
+    """Recorded epochs per live stage, one column per stage, and the last change."""
+    changes = starts.lazy().filter(pl.col("from_stage").is_not_null())
+    return changes.group_by(key).agg(  # rows keep their (seed, seq) order within a group
+        *(
+            pl.col("epochs_in_prev_stage")
+            .filter(pl.col("from_stage") == stage)
+            .sum()
+            .alias(_duration_column(stage))
+            for stage in LIVE_STAGES
+        ),
+        last_stage=pl.col("stage").last(),
+        last_change_step=pl.col("step").last(),
+    )
+
+
+def _seed_table(
+    run: Run,
+    frames: dict[str, pl.DataFrame],
+    keys: pl.DataFrame,
+    key: list[str],
+    durations: pl.LazyFrame,
+) -> pl.LazyFrame:
+    germ = (
+        frames["seed_germinated"].lazy().select(*key, "blueprint", "params", germinated_step="step")
+    )
+    fossil = (
+        frames["seed_fossilized"]
+        .lazy()
+        .select(*key, fossil_step="step", fossil_contribution="contribution")
+    )
+    pruned = (
+        frames["seed_pruned"]
+        .lazy()
+        .select(
+            *key,
+            "reason",
+            "initiator",
+            "stage_at_prune",
+            prune_step="step",
+            prune_contribution="contribution",
+        )
     )
     episodes = run.scan("episode_finished").select(*_EPISODE_KEY, episode_end_step="step")
     outcome = (
@@ -148,9 +191,7 @@ def _seed_table(
     return (
         keys.lazy()
         .join(germ, on=key, how="left", nulls_equal=True)
-        .join(
-            _stage_durations(scans["seed_stage_changed"], key), on=key, how="left", nulls_equal=True
-        )
+        .join(durations, on=key, how="left", nulls_equal=True)
         .join(fossil, on=key, how="left", nulls_equal=True)
         .join(pruned, on=key, how="left", nulls_equal=True)
         .join(episodes, on=_EPISODE_KEY, how="left")
@@ -180,76 +221,144 @@ def _seed_table(
             "initiator",
             "params",
         )
-        .sort("run_id", "rank", "round", "env", "germinated_step", "slot", nulls_last=True)
+        # seed_id last: every tie broken, so the table's row order is deterministic
+        .sort(
+            "run_id",
+            "rank",
+            "round",
+            "env",
+            "germinated_step",
+            "slot",
+            "seed_id",
+            nulls_last=True,
+        )
     )
 
 
-def _segments(scans: dict[str, pl.LazyFrame], seeds: pl.LazyFrame, key: list[str]) -> pl.LazyFrame:
+def _order(frame: pl.DataFrame, columns: list[str]) -> list[str | pl.Expr]:
+    """Sort keys equivalent to ``columns`` (non-null integers): one packed Int64 when the
+    columns' spans fit in it (a sort on one integer instead of several), else as is."""
+    if frame.is_empty():
+        return list(columns)
+    bounds = frame.select(
+        *(pl.col(c).min().alias(f"lo_{c}") for c in columns),
+        *(pl.col(c).max().alias(f"hi_{c}") for c in columns),
+    ).row(0, named=True)
+    if any(bounds[f"lo_{c}"] is None for c in columns):
+        return list(columns)
+    spans = [int(bounds[f"hi_{c}"]) - int(bounds[f"lo_{c}"]) + 1 for c in columns]
+    if math.prod(spans) >= _MAX_PACKED:
+        return list(columns)
+    packed = pl.lit(0, dtype=pl.Int64)
+    for c, span in zip(columns, spans, strict=True):
+        packed = packed * span + (pl.col(c).cast(pl.Int64) - int(bounds[f"lo_{c}"]))
+    return [packed]
+
+
+def _segments(
+    starts: pl.DataFrame, seeds: pl.DataFrame, keys: pl.DataFrame, key: list[str]
+) -> pl.DataFrame:
     """Timeline pieces ``(seed, stage, start_step, end_step)`` of live and fossilized stages.
 
-    A piece ends where the seed's next transition happens (rows sorted by seed, then
-    ``seq``); the last one (fossilized, or alive at the end) runs to the episode's end.
+    A piece ends where the seed's next transition happens (``starts`` is sorted by seed,
+    then ``seq``); the last one (fossilized, or alive at the end) runs to the episode's
+    end. Sorted by run, rank, round, env, start step and ``seq`` (a total order), on
+    integers; the string key columns are joined last.
     """
-    columns = [*key, "seq", "step"]  # narrow: the key columns are joined back at the end
-    starts = pl.concat(
-        [
-            scans["seed_germinated"].select(*columns, stage=pl.lit(SeedStage.GERMINATED.value)),
-            scans["seed_stage_changed"].select(*columns, stage="to_stage"),
-        ]
-    )
-    rest = [c for c in SEED_KEY if c not in key]
-    ends = seeds.select(*key, *rest, "episode_end_step", "ended_step")
     same_seed = pl.all_horizontal(pl.col(k) == pl.col(k).shift(-1) for k in key)
-    return (
-        starts.sort(*key, "seq")
+    ends = seeds.select(*key, "episode_end_step", "ended_step")
+    pieces = (
+        starts.lazy()
         .with_columns(next_step=pl.when(same_seed).then(pl.col("step").shift(-1)))
         .filter(pl.col("stage").is_in(TIMELINE_STAGES))
-        .join(ends, on=key, how="left", nulls_equal=True)
+        .join(ends.lazy(), on=key, how="left", nulls_equal=True, maintain_order="left")
         .with_columns(end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"))
-        .select(*SEED_KEY, "stage", start_step="step", end_step="end_step")
-        .sort("run_id", "rank", "round", "env", "start_step")
+        .select(*dict.fromkeys([*key, *_INT_KEY]), "seq", "stage", "step", "end_step")
+        .collect()
     )
-
-
-def _by_blueprint(seeds: pl.LazyFrame) -> pl.LazyFrame:
-    ended = pl.col("outcome").is_in(["fossilized", "pruned"])
-    finite = pl.col("contribution").is_not_null() & pl.col("contribution").is_finite()
-    fossilized = (pl.col("outcome") == "fossilized").sum()
-    pruned = (pl.col("outcome") == "pruned").sum()
-    return (
-        seeds.group_by("blueprint")
-        .agg(
-            germinated=pl.len(),
-            fossilized=fossilized,
-            pruned=pruned,
-            alive=(pl.col("outcome") == "alive").sum(),
-            fossilize_rate=pl.when(fossilized + pruned > 0).then(
-                fossilized / (fossilized + pruned)
-            ),
-            mean_contribution=pl.col("contribution").filter(ended & finite).mean(),
-            mean_contribution_fossilized=pl.col("contribution")
-            .filter((pl.col("outcome") == "fossilized") & finite)
-            .mean(),
-            mean_lifetime_epochs=pl.col("lifetime_epochs").mean(),
+    by = [*_INT_KEY, "step"]
+    if key == [SEED_HASH]:  # one run id sorts like none; several: sort on it first
+        if keys["run_id"].n_unique() > 1:
+            run_ids = keys.select(SEED_HASH, "run_id")
+            pieces = pieces.join(run_ids, on=SEED_HASH, how="left", maintain_order="left")
+            by = ["run_id", *by]
+        ordered = pieces.sort(*_order(pieces, by) if by[0] != "run_id" else by, "seq")
+        names = keys.select(SEED_HASH, *(c for c in SEED_KEY if c not in _INT_KEY))
+        ordered = ordered.drop("run_id", strict=False).join(
+            names, on=SEED_HASH, how="left", maintain_order="left"
         )
-        .sort("germinated", "blueprint", descending=[True, False])
+    else:
+        ordered = pieces.sort("run_id", *by, "seq")
+    return ordered.select(*SEED_KEY, "stage", start_step="step", end_step="end_step")
+
+
+def _mean(values: np.ndarray[Any, Any]) -> float | None:
+    return float(np.mean(values)) if values.size else None
+
+
+def _by_blueprint(seeds: pl.DataFrame) -> pl.DataFrame:
+    """Per-blueprint counts and means, in numpy over the seed table's fixed row order, so
+    every run of the analysis gives the same bits (a parallel group-by sums in an
+    order that varies from run to run)."""
+    rows = []
+    for (blueprint,), group in seeds.group_by("blueprint", maintain_order=True):
+        outcome = group["outcome"].to_numpy()
+        fossilized = int((outcome == "fossilized").sum())
+        pruned = int((outcome == "pruned").sum())
+        contribution = group["contribution"].fill_null(np.nan).to_numpy().astype(np.float64)
+        finite = np.isfinite(contribution)
+        lifetime = group["lifetime_epochs"].drop_nulls().to_numpy().astype(np.float64)
+        rows.append(
+            {
+                "blueprint": blueprint,
+                "germinated": group.height,
+                "fossilized": fossilized,
+                "pruned": pruned,
+                "alive": int((outcome == "alive").sum()),
+                "fossilize_rate": (
+                    fossilized / (fossilized + pruned) if fossilized + pruned else None
+                ),
+                "mean_contribution": _mean(
+                    contribution[finite & ((outcome == "fossilized") | (outcome == "pruned"))]
+                ),
+                "mean_contribution_fossilized": _mean(
+                    contribution[finite & (outcome == "fossilized")]
+                ),
+                "mean_lifetime_epochs": _mean(lifetime),
+            }
+        )
+    return pl.DataFrame(rows, schema=_BY_BLUEPRINT_SCHEMA, orient="row").sort(
+        "germinated", "blueprint", descending=[True, False], nulls_last=True
     )
+
+
+_BY_BLUEPRINT_SCHEMA: Final = {
+    "blueprint": pl.String,
+    "germinated": pl.UInt32,
+    "fossilized": pl.UInt32,
+    "pruned": pl.UInt32,
+    "alive": pl.UInt32,
+    "fossilize_rate": pl.Float64,
+    "mean_contribution": pl.Float64,
+    "mean_contribution_fossilized": pl.Float64,
+    "mean_lifetime_epochs": pl.Float64,
+}
 
 
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    scans = _scans(run)
-    keys = _seed_keys(scans)
+    frames = _read(run)
+    keys = _seed_keys(frames)
     key = _join_key(keys)
-    seeds_lf = _seed_table(run, scans, keys, key)
-    seeds, by_blueprint, segments = pl.collect_all(
-        [seeds_lf.drop(SEED_HASH), _by_blueprint(seeds_lf), _segments(scans, seeds_lf, key)]
-    )
+    starts = _starts(frames, key)
+    seeds_with_hash = _seed_table(run, frames, keys, key, _stage_durations(starts, key)).collect()
+    seeds = seeds_with_hash.drop(SEED_HASH)
+    segments = _segments(starts, seeds_with_hash, keys, key)
     outcomes = seeds["outcome"].value_counts()
     count = dict(zip(outcomes["outcome"].to_list(), outcomes["count"].to_list(), strict=True))
     return Lifecycles(
         seeds=seeds,
-        by_blueprint=by_blueprint,
+        by_blueprint=_by_blueprint(seeds),
         segments=segments,
         germinated=seeds.height,
         fossilized=int(count.get("fossilized", 0)),

@@ -33,6 +33,7 @@ import socket
 import time
 import warnings
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -457,6 +458,33 @@ def _superseded(run_dir: Path, manifests: dict[int, dict[str, Any]]) -> set[Path
     return out
 
 
+#: What describing one part file can raise that makes the file unreadable or damaged.
+_UNREADABLE = (DamagedPagesError, OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
+
+
+def _describe_all(
+    items: list[tuple[str, int, Path]], verify: bool
+) -> list[PartFile | BaseException]:
+    """``_describe`` of every file, in order; a file's error is returned, not raised.
+
+    Files are read and checksummed on a thread pool: reading and ``zlib.crc32`` release
+    the GIL, so page verification of a large run runs on every core.
+    """
+
+    def one(item: tuple[str, int, Path]) -> PartFile | BaseException:
+        event_type, rank, path = item
+        try:
+            return _describe(path, event_type, rank, verify)
+        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
+            return exc
+
+    workers = min(len(items), os.cpu_count() or 1)
+    if not verify or workers < 2:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, items))
+
+
 def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _Discovered:
     files: dict[str, list[PartFile]] = {}
     skipped: list[SkippedFile] = []
@@ -465,36 +493,29 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
     if not events_dir.is_dir():
         return files, skipped, unknown
     known = set(known_event_types())
-    for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir()):
-        event_type = event_type_of(type_dir.name)  # type=<t> (schema 2) or <t> (schema 1)
-        for rank, path in _part_paths(type_dir):
-            if path in skip:
-                continue
-            try:
-                part = _describe(path, event_type, rank, verify)
-            # A scribbled footer can also surface as bad UTF-8 in column paths.
-            except (
-                DamagedPagesError,
-                OSError,
-                pa.ArrowException,
-                ForeignTableError,
-                UnicodeDecodeError,
-            ) as exc:
-                pages = isinstance(exc, DamagedPagesError)
-                if not tolerant:
-                    what = "corrupt Parquet data in" if pages else "corrupt Parquet file"
-                    raise CorruptFileError(f"{what} {path}: {exc}") from None
-                what = "damaged Parquet data" if pages else "unreadable Parquet"
-                reason = f"{what} ({exc})"
-                warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
-                skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
-                continue
-            _check_version(part.schema_version, path)
-            if event_type not in known:
-                if event_type not in unknown:
-                    unknown.append(event_type)
-                continue
-            files.setdefault(event_type, []).append(part)
+    items = [
+        (event_type_of(type_dir.name), rank, path)  # type=<t> (schema 2) or <t> (schema 1)
+        for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir())
+        for rank, path in _part_paths(type_dir)
+        if path not in skip
+    ]
+    for (event_type, _, path), part in zip(items, _describe_all(items, verify), strict=True):
+        if isinstance(part, BaseException):
+            pages = isinstance(part, DamagedPagesError)
+            if not tolerant:
+                what = "corrupt Parquet data in" if pages else "corrupt Parquet file"
+                raise CorruptFileError(f"{what} {path}: {part}") from None
+            what = "damaged Parquet data" if pages else "unreadable Parquet"
+            reason = f"{what} ({part})"
+            warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
+            skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
+            continue
+        _check_version(part.schema_version, path)
+        if event_type not in known:
+            if event_type not in unknown:
+                unknown.append(event_type)
+            continue
+        files.setdefault(event_type, []).append(part)
     return files, skipped, unknown
 
 

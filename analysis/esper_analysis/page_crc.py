@@ -14,7 +14,6 @@ skipped generically.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -50,78 +49,11 @@ class PageChecksumError(ValueError):
 
 
 class _Reader:
-    """A cursor over a bytes buffer with the compact protocol's primitives."""
+    """A cursor over a page header buffer (kept for callers that walk pages by hand)."""
 
-    def __init__(self, buf: bytes, pos: int) -> None:
+    def __init__(self, buf: bytes | memoryview, pos: int) -> None:
         self.buf = buf
         self.pos = pos
-
-    def byte(self) -> int:
-        if self.pos >= len(self.buf):
-            raise PageChecksumError("page header runs past the column chunk")
-        value = self.buf[self.pos]
-        self.pos += 1
-        return value
-
-    def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def skip(self, kind: int) -> None:
-        if kind in (_BOOL_TRUE, _BOOL_FALSE):
-            return
-        if kind == _BYTE:
-            self.pos += 1
-        elif kind in (_I16, _I32, _I64):
-            self.varint()
-        elif kind == _DOUBLE:
-            self.pos += _DOUBLE_BYTES
-        elif kind == _BINARY:
-            length = self.varint()  # read first: ``self.pos += self.varint()`` loses it
-            self.pos += length
-        elif kind in (_LIST, _SET):
-            head = self.byte()
-            size = head >> 4 if head >> 4 != _LONG_FORM else self.varint()
-            for _ in range(size):
-                self._skip_element(head & 0x0F)
-        elif kind == _MAP:
-            size = self.varint()
-            if size:
-                types = self.byte()
-                for _ in range(size):
-                    self._skip_element(types >> 4)
-                    self._skip_element(types & 0x0F)
-        elif kind == _STRUCT:
-            self.struct_fields(lambda _fid, k: self.skip(k))
-        else:
-            raise PageChecksumError(f"page header has an unknown Thrift type {kind}")
-
-    def _skip_element(self, kind: int) -> None:
-        # Inside lists, sets and maps a boolean takes a whole byte.
-        if kind in (_BOOL_TRUE, _BOOL_FALSE):
-            self.pos += 1
-        else:
-            self.skip(kind)
-
-    def struct_fields(self, visit: Callable[[int, int], None]) -> None:
-        """Call ``visit(field_id, type)`` for each field up to STOP; it must consume it."""
-        last = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return
-            delta, kind = head >> 4, head & 0x0F
-            last = last + delta if delta else self.zigzag()
-            visit(last, kind)
 
 
 class _Page(NamedTuple):
@@ -132,37 +64,141 @@ class _Page(NamedTuple):
     values: int  # rows of a data page (0 for dictionary and index pages)
 
 
-def _page_header(reader: _Reader) -> _Page:
-    """The fields of the page header at the cursor that a check needs."""
-    start = reader.pos
-    found: dict[int, int] = {}
-    values = 0
+# The parser below is a handful of flat functions over ``(buf, pos)`` rather than a
+# cursor object: a large run has tens of thousands of page headers, and per-byte method
+# calls made header parsing cost more than the CRCs themselves.
 
-    def visit_data_header(field_id: int, kind: int) -> None:
-        nonlocal values
+
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _zigzag(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    n, pos = _varint(buf, pos)
+    return (n >> 1) ^ -(n & 1), pos
+
+
+def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
+    """Position after one value of compact-protocol type ``kind`` at ``pos``."""
+    if kind in (_I16, _I32, _I64):
+        while buf[pos] & 0x80:
+            pos += 1
+        return pos + 1
+    if kind in (_BOOL_TRUE, _BOOL_FALSE):
+        return pos
+    if kind == _BINARY:
+        length, pos = _varint(buf, pos)
+        return pos + length
+    if kind == _STRUCT:
+        return _skip_struct(buf, pos)
+    if kind == _BYTE:
+        return pos + 1
+    if kind == _DOUBLE:
+        return pos + _DOUBLE_BYTES
+    if kind in (_LIST, _SET):
+        head = buf[pos]
+        pos += 1
+        size = head >> 4
+        if size == _LONG_FORM:
+            size, pos = _varint(buf, pos)
+        for _ in range(size):
+            pos = _skip_element(buf, pos, head & 0x0F)
+        return pos
+    if kind == _MAP:
+        size, pos = _varint(buf, pos)
+        if size:
+            types = buf[pos]
+            pos += 1
+            for _ in range(size):
+                pos = _skip_element(buf, pos, types >> 4)
+                pos = _skip_element(buf, pos, types & 0x0F)
+        return pos
+    raise PageChecksumError(f"page header has an unknown Thrift type {kind}")
+
+
+def _skip_element(buf: bytes | memoryview, pos: int, kind: int) -> int:
+    # Inside lists, sets and maps a boolean takes a whole byte.
+    return pos + 1 if kind in (_BOOL_TRUE, _BOOL_FALSE) else _skip(buf, pos, kind)
+
+
+def _field(buf: bytes | memoryview, pos: int, last: int) -> tuple[int, int, int]:
+    """(field id, type, position after the field header); type 0 is STOP."""
+    head = buf[pos]
+    pos += 1
+    if head == 0:
+        return 0, 0, pos
+    delta, kind = head >> 4, head & 0x0F
+    if delta:
+        return last + delta, kind, pos
+    field_id, pos = _zigzag(buf, pos)
+    return field_id, kind, pos
+
+
+def _skip_struct(buf: bytes | memoryview, pos: int) -> int:
+    field_id = 0
+    while True:
+        field_id, kind, pos = _field(buf, pos, field_id)
+        if kind == 0:
+            return pos
+        pos = _skip(buf, pos, kind)
+
+
+def _data_page_values(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """(value count, position after) of a nested data page header."""
+    values = field_id = 0
+    while True:
+        field_id, kind, pos = _field(buf, pos, field_id)
+        if kind == 0:
+            return values, pos
         if field_id == _NUM_VALUES and kind == _I32:
-            values = reader.zigzag()
+            values, pos = _zigzag(buf, pos)
         else:
-            reader.skip(kind)
+            pos = _skip(buf, pos, kind)
 
-    def visit(field_id: int, kind: int) -> None:
-        if field_id in (_UNCOMPRESSED_SIZE, _COMPRESSED_SIZE, _CRC) and kind == _I32:
-            found[field_id] = reader.zigzag()
-        elif field_id in _DATA_PAGE_HEADERS and kind == _STRUCT:
-            reader.struct_fields(visit_data_header)
-        else:
-            reader.skip(kind)
 
-    reader.struct_fields(visit)
+def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]:
+    """The page header at ``start`` and the position of its page data."""
+    found: dict[int, int] = {}
+    values = field_id = 0
+    pos = start
+    try:
+        while True:
+            field_id, kind, pos = _field(buf, pos, field_id)
+            if kind == 0:
+                break
+            if kind == _I32 and field_id in (_UNCOMPRESSED_SIZE, _COMPRESSED_SIZE, _CRC):
+                found[field_id], pos = _zigzag(buf, pos)
+            elif kind == _STRUCT and field_id in _DATA_PAGE_HEADERS:
+                values, pos = _data_page_values(buf, pos)
+            else:
+                pos = _skip(buf, pos, kind)
+    except IndexError:
+        raise PageChecksumError("page header runs past the column chunk") from None
+    if pos > len(buf):
+        raise PageChecksumError("page header runs past the column chunk")
     if _COMPRESSED_SIZE not in found or _UNCOMPRESSED_SIZE not in found:
         raise PageChecksumError("page header without its sizes")
-    return _Page(
-        header_bytes=reader.pos - start,
+    page = _Page(
+        header_bytes=pos - start,
         uncompressed=found[_UNCOMPRESSED_SIZE],
         compressed=found[_COMPRESSED_SIZE],
         crc=found.get(_CRC),
         values=values,
     )
+    return page, pos
+
+
+def _page_header(reader: _Reader) -> _Page:
+    """The fields of the page header at the cursor that a check needs."""
+    page, reader.pos = _parse_page_header(reader.buf, reader.pos)
+    return page
 
 
 def _chunk_ranges(meta: pq.FileMetaData) -> list[tuple[int, int, int, int]]:
@@ -211,16 +247,16 @@ def _verify_chunk(buf: bytes, start: int, uncompressed: int, values: int) -> boo
     Besides each page's CRC, the page headers must add up to the footer's sizes and
     value count, so a damaged header is caught too (the CRC does not cover it).
     """
-    reader, view = _Reader(buf, 0), memoryview(buf)
-    seen_uncompressed = seen_values = 0
-    while reader.pos < len(buf):
-        page = _page_header(reader)
+    view = memoryview(buf)
+    pos = seen_uncompressed = seen_values = 0
+    while pos < len(buf):
+        page, pos = _parse_page_header(buf, pos)
         if page.crc is None:
             return False
-        end = reader.pos + page.compressed
-        if end > len(buf) or zlib.crc32(view[reader.pos : end]) != page.crc & _U32:
-            raise PageChecksumError(f"page at byte {start + reader.pos} fails its CRC32 check")
-        reader.pos = end
+        end = pos + page.compressed
+        if end > len(buf) or zlib.crc32(view[pos:end]) != page.crc & _U32:
+            raise PageChecksumError(f"page at byte {start + pos} fails its CRC32 check")
+        pos = end
         seen_uncompressed += page.header_bytes + page.uncompressed
         seen_values += page.values
     if (seen_uncompressed, seen_values) != (uncompressed, values):
