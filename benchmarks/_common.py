@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -75,8 +76,38 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "load_average": load,
         "loaded": bool(load) and load[0] > LOADED_MACHINE,
-        "gpu": None,
+        "gpu": gpu_info(),
     }
+
+
+#: ``nvidia-smi`` gets this long to answer (it can hang on a broken driver).
+NVIDIA_SMI_TIMEOUT_S = 10
+
+
+def gpu_info() -> list[dict[str, str]] | None:
+    """The machine's NVIDIA GPUs (name, memory, driver) from ``nvidia-smi``, or None.
+
+    Asked of the driver rather than torch, so benchmarks that never import torch (the
+    analysis ones) record the GPU too; None where there is no NVIDIA driver.
+    """
+    query = "name,memory.total,driver_version"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    gpus = []
+    for line in out.stdout.strip().splitlines():
+        name, memory, driver = (part.strip() for part in line.split(","))
+        gpus.append({"name": name, "memory": memory, "driver": driver})
+    return gpus or None
 
 
 def median(values: Sequence[float]) -> float:
@@ -134,8 +165,10 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 def print_machine(info: dict[str, Any]) -> None:
     load = ", ".join(str(v) for v in info["load_average"])
     note = "  (LOADED machine: absolute figures are indicative only)" if info["loaded"] else ""
+    gpus = info.get("gpu") or []
+    gpu = f", GPU {gpus[0]['name']}" + (f" x{len(gpus)}" if len(gpus) > 1 else "") if gpus else ""
     print(
-        f"machine: {info['cpu_model']}, {info['cores']} cores, torch "
+        f"machine: {info['cpu_model']}, {info['cores']} cores{gpu}, torch "
         f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}{note}",
         flush=True,
     )

@@ -114,7 +114,14 @@ def measure_config(task: str, n_envs: int, args: Any) -> dict[str, Any]:
 
 def profile_trainer(task: str, args: Any) -> list[dict[str, Any]]:
     """cProfile of one trainer run (n_envs 4): the functions with the most cumulative time."""
-    cfg = T.bench_config(task, n_envs=4, level=args.level, threads=args.threads, quick=args.quick)
+    cfg = T.bench_config(
+        task,
+        n_envs=4,
+        level=args.level,
+        threads=args.threads,
+        device=args.device,
+        quick=args.quick,
+    )
     data = T.load_data(cfg)
     prof = cProfile.Profile()
     prof.enable()

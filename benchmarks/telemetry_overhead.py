@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None) -> Any:
     p.add_argument("--task", default="digits", choices=sorted(T.PRESETS))
     p.add_argument("--n-envs", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:k (the trainer's device)")
     p.add_argument("--levels", type=C.csv_list(str), default=list(LEVELS))
     args = p.parse_args(argv)
     if "off" not in args.levels:
@@ -124,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     C.print_machine(info)
     configs = {
         level: T.bench_config(
-            args.task, n_envs=args.n_envs, level=level, threads=args.threads, quick=args.quick
+            args.task,
+            n_envs=args.n_envs,
+            level=level,
+            threads=args.threads,
+            device=args.device,
+            quick=args.quick,
         )
         for level in args.levels
     }

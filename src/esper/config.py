@@ -245,6 +245,9 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: threads cost more in synchronisation than they win (10x slower with 2 threads on
     #: the 2-core reference machine); see docs/performance.md.
     torch_threads: NonNegative = 1
+    #: CUDA only: float32 matmuls and convolutions on TF32 tensor cores (ignored on CPU,
+    #: where runs stay bit-identical).
+    tf32: bool = True
 
 
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -126,3 +126,25 @@ def test_anomaly_thresholds_come_from_the_telemetry_section() -> None:
     assert detect_anomalies(m, TelemetryConfig(), target_kl=0.015) == []
     found = detect_anomalies(m, TelemetryConfig(anomaly_ratio_max=1.5), target_kl=0.015)
     assert [a.kind for a in found] == [AnomalyKind.RATIO_EXPLOSION]
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) -> None:
+    from esper.config import Config, with_overrides
+    from esper.training.run import configure_torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    threads = torch.get_num_threads()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
+        configure_torch(with_overrides(Config(), {"run.tf32": tf32, "run.torch_threads": 0}))
+        assert torch.backends.cuda.matmul.allow_tf32 is not tf32  # CPU run: untouched
+        cuda = with_overrides(
+            Config(), {"run.tf32": tf32, "run.device": "cuda", "run.torch_threads": 0}
+        )
+        configure_torch(cuda)  # sets flags only; needs no GPU
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        assert torch.backends.cudnn.allow_tf32 is tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.set_num_threads(threads)
