@@ -11,6 +11,7 @@ import math
 import msgspec
 import pytest
 import torch
+from _reward_support import reward_inputs as _inputs
 
 from esper.config import GovernorConfig, HostConfig, RewardConfig, TelemetryConfig
 from esper.core.enums import AnomalyKind, LifecycleOp, SeedStage, TaskName, Topology
@@ -21,24 +22,9 @@ from esper.training.anomaly import detect_anomalies
 from esper.training.env_factory import make_host_optimizer, make_seed_optimizer
 from esper.training.governor import Governor
 from esper.training.normalizers import RewardNormalizer
-from esper.training.rewards import RewardInputs, compute_reward
+from esper.training.rewards import compute_reward
 
 GAMMA = 0.99
-
-
-def _inputs(**kw: object) -> RewardInputs:
-    base: dict[str, object] = {
-        "op": LifecycleOp.WAIT,
-        "val_acc": 80.0,
-        "prev_val_acc": 79.0,
-        "val_loss": 0.6,
-        "prev_val_loss": 0.65,
-        "random_guess_loss": math.log(10),
-        "host_params": 10_000,
-        "effective_params": 10_000,
-    }
-    base.update(kw)
-    return RewardInputs(**base)  # type: ignore[arg-type]
 
 
 def test_host_optimizer_settings_come_from_the_host_section() -> None:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from _reward_support import reward_inputs as _inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,21 +26,6 @@ R = RewardConfig()
 
 def _seed(stage: SeedStage = SeedStage.BLENDING, alpha: float = 1.0, age: int = 12) -> SlotReport:
     return SlotReport(slot_id="s0", stage=stage, seed_id="x", alpha=alpha, age_epochs=age)
-
-
-def _inputs(**kw: object) -> RewardInputs:
-    base: dict[str, object] = {
-        "op": LifecycleOp.WAIT,
-        "val_acc": 80.0,
-        "prev_val_acc": 79.0,
-        "val_loss": 0.6,
-        "prev_val_loss": 0.65,
-        "random_guess_loss": math.log(10),
-        "host_params": 10_000,
-        "effective_params": 10_000,
-    }
-    base.update(kw)
-    return RewardInputs(**base)  # type: ignore[arg-type]
 
 
 def _components_sum(br: RewardBreakdown) -> float:

@@ -161,13 +161,9 @@ class Learner:
         assert tuple(parts) == DECISION_ROW.names
         rows = torch.cat(list(parts.values()), dim=1).cpu().tolist()  # the single transfer
         DECISION_ROW.check(rows[0])
-        decoded = [
-            decode_action([int(v) for v in DECISION_ROW.get(row, "actions")], self.space)
-            for row in rows
-        ]
-        return Decision(
+        decision = Decision(
             rows=rows,
-            actions_decoded=decoded,
+            actions_decoded=[],
             obs_normalized=obs_normalized,
             blueprint_ids=o.blueprint_ids,
             masks=o.masks,
@@ -176,6 +172,10 @@ class Learner:
             values=out.value,
             hidden=out.hidden,
         )
+        decision.actions_decoded = [
+            decode_action(decision.head_indices(i), self.space) for i in range(len(rows))
+        ]
+        return decision
 
     def record_step(
         self, step: int, d: Decision, raw_rewards: list[float], *, terminal: bool
