@@ -93,21 +93,28 @@ _COLUMNS: Final = {
 _MAX_PACKED: Final = 2**62
 
 
-def _read(run: Run) -> dict[str, pl.DataFrame]:
-    """The four seed event types, narrow and with :data:`SEED_HASH`, read once in parallel
-    (every later step works on these frames instead of re-reading the files)."""
+def _hashed(run: Run, event_type: str) -> pl.LazyFrame:
+    return run.scan(event_type).with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
+
+
+def _seed_keys(run: Run) -> pl.DataFrame:
+    """Every distinct seed (``SEED_KEY`` plus its hash) named by any seed event."""
+    return (
+        pl.concat([_hashed(run, t).select(*SEED_KEY, SEED_HASH) for t in _COLUMNS])
+        .unique()
+        .collect()
+    )
+
+
+def _read(run: Run, key: list[str]) -> dict[str, pl.DataFrame]:
+    """The four seed event types, read once in parallel with only the columns used later
+    (every step after works on these frames instead of re-reading the files). On the
+    hash key the string key columns are left out: the seed table has them."""
     plans = [
-        run.scan(t)
-        .select(*SEED_KEY, *cols)
-        .with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
+        _hashed(run, t).select(*dict.fromkeys([*key, *_INT_KEY]), *cols)
         for t, cols in _COLUMNS.items()
     ]
     return dict(zip(_COLUMNS, pl.collect_all(plans), strict=True))
-
-
-def _seed_keys(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """Every distinct seed (``SEED_KEY`` plus its hash) named by any seed event."""
-    return pl.concat([f.select(*SEED_KEY, SEED_HASH) for f in frames.values()]).unique()
 
 
 def _join_key(keys: pl.DataFrame) -> list[str]:
@@ -347,13 +354,17 @@ _BY_BLUEPRINT_SCHEMA: Final = {
 
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    frames = _read(run)
-    keys = _seed_keys(frames)
+    keys = _seed_keys(run)
     key = _join_key(keys)
+    frames = _read(run, key)
     starts = _starts(frames, key)
     seeds_with_hash = _seed_table(run, frames, keys, key, _stage_durations(starts, key)).collect()
+    del frames  # peak memory: the event frames are not needed past this point
     seeds = seeds_with_hash.drop(SEED_HASH)
-    segments = _segments(starts, seeds_with_hash, keys, key)
+    segments = _segments(
+        starts.drop("from_stage", "epochs_in_prev_stage"), seeds_with_hash, keys, key
+    )
+    del starts
     outcomes = seeds["outcome"].value_counts()
     count = dict(zip(outcomes["outcome"].to_list(), outcomes["count"].to_list(), strict=True))
     return Lifecycles(
