@@ -475,6 +475,9 @@ def _merge(args: argparse.Namespace) -> int:
     payload = _payload(args, cfg, overrides, runs, wall)
     payload["config"], payload["quick"] = first["config"], first.get("quick", False)
     payload["wall_minutes_note"] = "sum of the merged parts' wall times (they may have overlapped)"
+    experiments = sorted({part["experiment"] for part in parts if "experiment" in part})
+    if experiments:  # provenance a part's producer recorded (e.g. a patched run)
+        payload["experiment"] = "; ".join(experiments)
     if args.rounds is not None:
         lengths = sorted({part["rounds"] for part in parts})
         payload["rounds_note"] = f"the first {args.rounds} rounds of runs of {lengths} rounds"

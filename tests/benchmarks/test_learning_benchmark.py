@@ -98,9 +98,12 @@ def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> No
     variant = ("--set", "ppo.entropy_coef=0.02", "--policies", "ppo")
     _run(tmp_path, "--quick", "--seeds", "0", *variant, "--name", "var")
     files = (str(tmp_path / "base.json"), str(tmp_path / "var.json"))
+    var: dict[str, Any] = json.loads((tmp_path / "var.json").read_text())
+    var["experiment"] = "a patched run"  # provenance recorded by the file's producer
+    (tmp_path / "var.json").write_text(json.dumps(var))
     _run(tmp_path, "--merge", files[1], "--baselines", files[0], "--name", "m")
     data: dict[str, Any] = json.loads((tmp_path / "m.json").read_text())
-    var: dict[str, Any] = json.loads((tmp_path / "var.json").read_text())
+    assert data["experiment"] == "a patched run"
     assert data["overrides"]["ppo.entropy_coef"] == 0.02
     assert data["runs"]["ppo"]["0"]["reward"] == var["runs"]["ppo"]["0"]["reward"]
     assert set(data["runs"]) == {"ppo", "static"}
