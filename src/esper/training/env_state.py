@@ -101,9 +101,12 @@ class EnvState:
         self.seed_optimizers.clear()
 
     def drain_records(self) -> list[LifecycleRecord]:
+        """The lifecycle records since the last drain, counted into the episode."""
         # Cleared in place: the model's reporter holds a bound ``pending.append``.
         records = list(self.pending)
         self.pending.clear()
+        for rec in records:
+            self.stats.count(rec)
         return records
 
     def next_seed_id(self) -> str:

@@ -28,7 +28,6 @@ import torch
 
 from esper.config import Config
 from esper.core.enums import Initiator
-from esper.core.records import LifecycleRecord
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
 from esper.policy.actions import ActionSpace, DecodedAction
@@ -182,7 +181,9 @@ class HostEnvs:
             )
             reward = compute_reward(inputs, self.cfg.reward, gamma=self.cfg.ppo.gamma)
             env.stats.reward_sum += reward.total
-            out.append(EnvTransition(env.index, action, outcome.executed, reward, self._drain(env)))
+            out.append(
+                EnvTransition(env.index, action, outcome.executed, reward, env.drain_records())
+            )
         return out
 
     def summaries(self) -> list[EnvSummary]:
@@ -248,7 +249,7 @@ class HostEnvs:
         rollback = self._govern(env, st, step)  # after a rollback: restored metrics
         env.model.tick(env.val_acc)
         env.tracker.update(env.val_loss, env.val_acc)
-        return EnvEpoch(env.index, st, cf, self._drain(env), rollback, names)
+        return EnvEpoch(env.index, st, cf, env.drain_records(), rollback, names)
 
     def _govern(self, env: EnvState, st: EnvStepStats, step: int) -> Rollback | None:
         """Snapshot a healthy host, or roll a collapsed one back to its snapshot."""
@@ -278,12 +279,4 @@ class HostEnvs:
         env.stats.rollback_penalty += record.penalty
         env.stats.reward_sum += record.penalty
         local = env.index - self.env_offset
-        return Rollback(local, from_step, step, record, self._drain(env))
-
-    @staticmethod
-    def _drain(env: EnvState) -> list[LifecycleRecord]:
-        """The env's lifecycle records since the last drain, counted into its episode."""
-        records = env.drain_records()
-        for rec in records:
-            env.stats.count(rec)
-        return records
+        return Rollback(local, from_step, step, record, env.drain_records())
