@@ -17,11 +17,24 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from esper.core.constants import (
+    ALL_BLUEPRINTS,
+    ALPHA_TARGETS,
+    HEURISTIC_ALPHA_TARGET,
+    HEURISTIC_BLUEPRINT_ORDER,
+    HEURISTIC_PENALTY_DECAY,
+    HEURISTIC_PRUNE_PENALTY,
+    HEURISTIC_STALL_EPOCHS,
+    HEURISTIC_STYLE,
+    HEURISTIC_TEMPO,
     HOST_GRAD_CLIP,
     HOST_LR,
     HOST_MOMENTUM,
     HOST_WEIGHT_DECAY,
+    PLATEAU_MIN_ACC_GAIN_PP,
     SEED_LR,
+    STABILISATION_EPOCHS,
+    STABILISATION_MAX_ACC_GAIN_PP,
+    TEMPOS,
 )
 from esper.core.enums import AmpMode, PolicyKind, RewardFamily, TaskName, TelemetryLevel
 from esper.errors import UserError
@@ -101,10 +114,26 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     compile: bool = False
     #: Initial op-head logit bias per op (learned from there on); unnamed ops start at 0.
     op_prior: dict[OpName, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_OP_PRIOR))
+    #: Host signals (observation features and the heuristic): plateau epochs and the
+    #: "host stabilised" latch.
+    plateau_gain_pp: NonNegativeFloat = PLATEAU_MIN_ACC_GAIN_PP
+    stabilise_gain_pp: NonNegativeFloat = STABILISATION_MAX_ACC_GAIN_PP
+    stabilise_epochs: Positive = STABILISATION_EPOCHS
     #: heuristic policy
     plateau_patience: Positive = 3
     fossilize_threshold_pp: float = 1.0
     prune_threshold_pp: float = -0.5
+    heuristic_blueprints: list[str] = msgspec.field(
+        default_factory=lambda: list(HEURISTIC_BLUEPRINT_ORDER)
+    )
+    heuristic_style: Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"] = (
+        HEURISTIC_STYLE
+    )
+    heuristic_tempo: Positive = HEURISTIC_TEMPO
+    heuristic_alpha_target: PositiveFloat = HEURISTIC_ALPHA_TARGET
+    heuristic_stall_epochs: Positive = HEURISTIC_STALL_EPOCHS
+    heuristic_prune_penalty: NonNegativeFloat = HEURISTIC_PRUNE_PENALTY
+    heuristic_penalty_decay: Fraction = HEURISTIC_PENALTY_DECAY
 
 
 class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -295,7 +324,32 @@ def _validate(cfg: Config) -> Config:
             )
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
+    _validate_heuristic(cfg.policy)
     return cfg
+
+
+def _validate_heuristic(policy: PolicyConfig) -> None:
+    """The heuristic's choices must be values the action heads can encode."""
+    order = policy.heuristic_blueprints
+    if not order:
+        raise ConfigError("$.policy.heuristic_blueprints: must name at least one blueprint")
+    for i, name in enumerate(order):
+        if name not in ALL_BLUEPRINTS:
+            raise ConfigError(
+                f"$.policy.heuristic_blueprints[{i}]: unknown blueprint {name!r} "
+                f"(known: {', '.join(ALL_BLUEPRINTS)})"
+            )
+        if name in order[:i]:
+            raise ConfigError(f"$.policy.heuristic_blueprints[{i}]: {name!r} listed twice")
+    if policy.heuristic_tempo not in TEMPOS:
+        raise ConfigError(
+            f"$.policy.heuristic_tempo: must be one of {list(TEMPOS)}, got {policy.heuristic_tempo}"
+        )
+    if policy.heuristic_alpha_target not in ALPHA_TARGETS:
+        raise ConfigError(
+            f"$.policy.heuristic_alpha_target: must be one of {list(ALPHA_TARGETS)}, "
+            f"got {policy.heuristic_alpha_target}"
+        )
 
 
 def _check_finite(cfg: Config) -> None:

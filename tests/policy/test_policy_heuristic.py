@@ -14,6 +14,7 @@ from esper.core.constants import (
     ALL_BLUEPRINTS,
     G2_MIN_TRAINING_EPOCHS,
     HEAD_NAMES,
+    HEURISTIC_BLUEPRINT_ORDER,
     HEURISTIC_STALL_EPOCHS,
     TRANSFORMER_BLUEPRINTS,
 )
@@ -21,7 +22,7 @@ from esper.core.enums import AlphaMode, LifecycleOp, SeedStage, Topology
 from esper.core.records import SlotReport
 from esper.policy.actions import ActionSpace, DecodedAction, decode_action
 from esper.policy.features import build_features
-from esper.policy.heuristic import HEURISTIC_BLUEPRINT_ORDER, HeuristicPolicy
+from esper.policy.heuristic import HeuristicPolicy
 from esper.policy.masks import compute_masks
 from esper.policy.protocol import Hidden, Policy, PolicyInput, PolicyStep
 from esper.policy.signals import SignalTracker
@@ -141,6 +142,48 @@ def test_blueprint_rotation_and_prune_penalty() -> None:
     assert a.op == Op.PRUNE
     (b,), _ = run(policy, [empty], [calm], step.hidden)
     assert b.op == Op.GERMINATE and b.blueprint == HEURISTIC_BLUEPRINT_ORDER[1]
+
+
+def test_heuristic_numbers_come_from_the_policy_section() -> None:
+    """Every heuristic number is a ``[policy]`` key the rules really read."""
+    cfg = PolicyConfig(
+        plateau_patience=2,
+        heuristic_blueprints=["depthwise", "norm"],
+        heuristic_style="sigmoid_add",
+        heuristic_tempo=8,
+        heuristic_alpha_target=0.7,
+        heuristic_stall_epochs=2,
+        heuristic_prune_penalty=3.0,
+        heuristic_penalty_decay=0.5,
+    )
+    sp = space(2)
+    policy = HeuristicPolicy(sp, cfg)
+    calm = tracker(stable=True, plateau=5)
+    empty = [report("s0"), report("s1")]
+    (a,), step = run(policy, [empty], [calm])
+    assert (a.op, a.blueprint, a.tempo, a.alpha_target) == (Op.GERMINATE, "depthwise", 8, 0.7)
+    assert a.style.name == "SIGMOID_ADD"
+    (b,), _ = run(policy, [empty], [calm], step.hidden)
+    assert b.blueprint == "norm"  # rotation wraps over the configured list only
+    # A blend resting at the configured target advances; below it, retarget at the tempo.
+    resting = report("s0", S.BLENDING, alpha=0.7, alpha_target=0.7)
+    assert one_with(policy, [resting, report("s1")]).op == Op.ADVANCE
+    # Stall after 2 epochs (default 5), and the prune penalty / decay land in the memory.
+    meh = report("s0", S.HOLDING, alpha=1.0, contribution=0.2, age_epochs=20, epochs_in_stage=2)
+    assert one_with(policy, [meh, report("s1")]).op == Op.PRUNE
+    assert one([meh, report("s1")]).op == Op.WAIT
+    bad = report("s0", S.HOLDING, blueprint="depthwise", contribution=0.2, age_epochs=20,
+                 epochs_in_stage=2, alpha=1.0)  # fmt: skip
+    (c,), step = run(policy, [[bad, report("s1")]], [calm])
+    assert c.op == Op.PRUNE
+    assert float(step.hidden[0][0, 0, ALL_BLUEPRINTS.index("depthwise")]) == 3.0
+    (_,), step = run(policy, [empty], [tracker(stable=False, plateau=0)], step.hidden)
+    assert float(step.hidden[0][0, 0, ALL_BLUEPRINTS.index("depthwise")]) == 1.5
+
+
+def one_with(policy: HeuristicPolicy, env: list[SlotReport]) -> DecodedAction:
+    actions, _ = run(policy, [env], [tracker(stable=False, plateau=0)])
+    return actions[0]
 
 
 def test_transformer_rotation_stays_in_topology() -> None:

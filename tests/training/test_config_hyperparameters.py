@@ -7,6 +7,7 @@ a module-level constant instead of the key, the value would be silently ignored.
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 import pytest
@@ -134,3 +135,37 @@ def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) ->
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("heuristic_blueprints", [], "at least one"),
+        ("heuristic_blueprints", ["conv_heavy", "wide"], "heuristic_blueprints[1]: unknown"),
+        ("heuristic_blueprints", ["norm", "norm"], "heuristic_blueprints[1]: 'norm' listed twice"),
+        ("heuristic_tempo", 4, "heuristic_tempo: must be one of [3, 5, 8]"),
+        ("heuristic_alpha_target", 0.6, "heuristic_alpha_target: must be one of"),
+    ],
+)
+def test_bad_heuristic_settings_are_named(key: str, value: object, message: str) -> None:
+    from esper.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_dict({"policy": {key: value}})
+
+
+def test_signal_thresholds_reach_every_env_tracker() -> None:
+    from esper.config import Config
+    from esper.data.tasks import task_spec
+    from esper.training.env_factory import EnvFactory
+
+    cfg = msgspec.convert(
+        {"policy": {"plateau_gain_pp": 2.0, "stabilise_gain_pp": 0.25, "stabilise_epochs": 4}},
+        Config,
+    )
+    tracker = EnvFactory(cfg, task_spec(cfg.task)).create_env(0, 0).tracker
+    assert (tracker.plateau_gain_pp, tracker.stabilise_gain_pp, tracker.stabilise_epochs) == (
+        2.0,
+        0.25,
+        4,
+    )

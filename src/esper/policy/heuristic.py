@@ -4,16 +4,18 @@ Rules, in priority order for each env:
 1. prune a seed whose measured contribution is below ``prune_threshold_pp`` (it hurts);
 2. fossilize a HOLDING seed whose contribution clears ``fossilize_threshold_pp``;
 3. prune a seed that has stalled (HOLDING without clearing the threshold, or stuck in
-   TRAINING, for ``HEURISTIC_STALL_EPOCHS`` epochs);
+   TRAINING, for ``heuristic_stall_epochs`` epochs);
 4. advance GERMINATED seeds, TRAINING seeds once G2 can pass, BLENDING seeds once alpha
    reached 1.0 (retargeting to 1.0 first when the blend stopped short);
 5. germinate once the host is stabilised and has plateaued for ``plateau_patience``
-   epochs, rotating through blueprints largest-capacity first
-   (:data:`HEURISTIC_BLUEPRINT_ORDER`) and avoiding recently pruned ones;
+   epochs, rotating through ``heuristic_blueprints`` (by default largest-capacity
+   first) and avoiding recently pruned ones;
 6. otherwise wait.
-Every action is checked against the masks, so it is always valid. Its memory (blueprint
-penalties and the rotation cursor) travels in the recurrent ``hidden`` slot, so fresh
-episodes start from :meth:`initial_hidden` exactly like the learned policy's.
+Every action is checked against the masks, so it is always valid. Its numbers (tempo,
+alpha target, style, stall epochs, prune penalty and decay, rotation) are ``[policy]``
+keys. Its memory (blueprint penalties and the rotation cursor) travels in the recurrent
+``hidden`` slot, so fresh episodes start from :meth:`initial_hidden` exactly like the
+learned policy's.
 """
 
 from __future__ import annotations
@@ -30,11 +32,6 @@ from esper.core.constants import (
     ALL_BLUEPRINTS,
     G2_MIN_GRADIENT_HEALTH,
     G2_MIN_TRAINING_EPOCHS,
-    HEURISTIC_ALPHA_TARGET,
-    HEURISTIC_PENALTY_DECAY,
-    HEURISTIC_PRUNE_PENALTY,
-    HEURISTIC_STALL_EPOCHS,
-    HEURISTIC_TEMPO,
 )
 from esper.core.enums import GerminationStyle, LifecycleOp, SeedStage
 from esper.core.records import SlotReport
@@ -43,28 +40,7 @@ from esper.policy.masks import order_reports
 from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
 from esper.policy.signals import SignalTracker
 
-HEURISTIC_STYLE = GerminationStyle.LINEAR_ADD
 _N_BLUEPRINTS = len(ALL_BLUEPRINTS)
-#: Rotation order, most capacity first (CNN seed parameters at 4 / 16 channels:
-#: conv_heavy 296 / 4,640, conv_small 164 / 2,576, bottleneck 196 / 304, conv_light
-#: 164 / 656, depthwise 64 / 448, attention 40 / 148, norm 8 / 32). A seed adds accuracy
-#: only through capacity: on a 4-channel digits host an eager grower gained +0.02 pp
-#: rotating from ``norm`` and +1.4 pp with ``conv_heavy`` (docs/training.md).
-HEURISTIC_BLUEPRINT_ORDER: tuple[str, ...] = (
-    "conv_heavy",
-    "conv_small",
-    "bottleneck",
-    "conv_light",
-    "depthwise",
-    "mlp",
-    "lora_large",
-    "attention",
-    "mlp_small",
-    "lora",
-    "norm",
-)
-#: Index into ALL_BLUEPRINTS (the blueprint head) of each rotation position.
-_ROTATION = tuple(ALL_BLUEPRINTS.index(name) for name in HEURISTIC_BLUEPRINT_ORDER)
 #: ``valid(op, slot_index)`` predicate handed to the rule helpers.
 _Valid = Callable[[LifecycleOp, int], bool]
 
@@ -83,6 +59,10 @@ class HeuristicPolicy:
     def __init__(self, space: ActionSpace, cfg: PolicyConfig) -> None:
         self.space = space
         self.cfg = cfg
+        self.style = GerminationStyle[cfg.heuristic_style.upper()]
+        self.order = tuple(cfg.heuristic_blueprints)
+        #: Index into ALL_BLUEPRINTS (the blueprint head) of each rotation position.
+        self.rotation = tuple(ALL_BLUEPRINTS.index(name) for name in self.order)
 
     def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
         """(blueprint penalties [1, N, B], rotation cursor [1, N, 1]) for fresh episodes."""
@@ -116,7 +96,7 @@ class HeuristicPolicy:
         cursors = packed[:, width + _N_BLUEPRINTS].astype(np.int64)
         rows: list[tuple[int, ...]] = []
         for e in range(n):
-            memory = _EnvMemory(penalties[e] * HEURISTIC_PENALTY_DECAY, int(cursors[e]))
+            memory = _EnvMemory(penalties[e] * self.cfg.heuristic_penalty_decay, int(cursors[e]))
             action = self.decide(
                 order_reports(inp.reports[e], self.space),
                 inp.trackers[e],
@@ -175,16 +155,20 @@ class HeuristicPolicy:
                 return action
         if tracker.host_stabilised and tracker.plateau_count >= self.cfg.plateau_patience:
             slots = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
-            if slots:
-                return self._germinate(reports[slots[0]], masks["blueprint"], memory)
+            germinate = (
+                self._germinate(reports[slots[0]], masks["blueprint"], memory) if slots else None
+            )
+            if germinate is not None:
+                return germinate
         return DecodedAction(op=LifecycleOp.WAIT)
 
     def _stalled(self, r: SlotReport) -> bool:
         if r.stage == SeedStage.HOLDING:
             below = not (_measured(r) and r.contribution >= self.cfg.fossilize_threshold_pp)
-            return below and r.epochs_in_stage >= HEURISTIC_STALL_EPOCHS
+            return below and r.epochs_in_stage >= self.cfg.heuristic_stall_epochs
         if r.stage == SeedStage.TRAINING:
-            return r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS + HEURISTIC_STALL_EPOCHS
+            stall = G2_MIN_TRAINING_EPOCHS + self.cfg.heuristic_stall_epochs
+            return r.epochs_in_stage >= stall
         return False
 
     def _progress(self, r: SlotReport, s: int, valid: _Valid) -> DecodedAction | None:
@@ -197,44 +181,48 @@ class HeuristicPolicy:
             return advance if r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS and healthy else None
         if r.stage != SeedStage.BLENDING or not r.alpha_at_rest:
             return None
-        if r.alpha >= HEURISTIC_ALPHA_TARGET and valid(LifecycleOp.ADVANCE, s):
+        target = self.cfg.heuristic_alpha_target
+        if r.alpha >= target and valid(LifecycleOp.ADVANCE, s):
             return advance
-        if r.alpha_target < HEURISTIC_ALPHA_TARGET and valid(LifecycleOp.SET_ALPHA_TARGET, s):
+        if r.alpha_target < target and valid(LifecycleOp.SET_ALPHA_TARGET, s):
             return DecodedAction(
                 op=LifecycleOp.SET_ALPHA_TARGET,
                 slot_id=r.slot_id,
-                style=HEURISTIC_STYLE,
-                alpha_target=HEURISTIC_ALPHA_TARGET,
-                alpha_speed=HEURISTIC_TEMPO,
+                style=self.style,
+                alpha_target=target,
+                alpha_speed=self.cfg.heuristic_tempo,
             )
         return None
 
     def _prune(self, r: SlotReport, memory: _EnvMemory) -> DecodedAction:
         if r.blueprint in ALL_BLUEPRINTS:
-            memory.penalties[ALL_BLUEPRINTS.index(r.blueprint)] += HEURISTIC_PRUNE_PENALTY
+            memory.penalties[ALL_BLUEPRINTS.index(r.blueprint)] += self.cfg.heuristic_prune_penalty
         return DecodedAction(op=LifecycleOp.PRUNE, slot_id=r.slot_id)
 
     def _germinate(
         self, r: SlotReport, blueprint_mask: np.ndarray, memory: _EnvMemory
-    ) -> DecodedAction:
+    ) -> DecodedAction | None:
         """Next blueprint in rotation order among the least-penalised valid ones
-        (``memory.cursor`` is a position in :data:`HEURISTIC_BLUEPRINT_ORDER`)."""
-        candidates = [k for k, i in enumerate(_ROTATION) if blueprint_mask[i]]
+        (``memory.cursor`` is a position in ``self.order``); None when the host offers
+        none of the rotation's blueprints."""
+        candidates = [k for k, i in enumerate(self.rotation) if blueprint_mask[i]]
+        if not candidates:
+            return None
         best = min(
             candidates,
             key=lambda k: (
-                round(float(memory.penalties[_ROTATION[k]]), 6),
-                (k - memory.cursor) % _N_BLUEPRINTS,
+                round(float(memory.penalties[self.rotation[k]]), 6),
+                (k - memory.cursor) % len(self.order),
             ),
         )
-        memory.cursor = (best + 1) % _N_BLUEPRINTS
+        memory.cursor = (best + 1) % len(self.order)
         return DecodedAction(
             op=LifecycleOp.GERMINATE,
             slot_id=r.slot_id,
-            blueprint=HEURISTIC_BLUEPRINT_ORDER[best],
-            style=HEURISTIC_STYLE,
-            tempo=HEURISTIC_TEMPO,
-            alpha_target=HEURISTIC_ALPHA_TARGET,
+            blueprint=self.order[best],
+            style=self.style,
+            tempo=self.cfg.heuristic_tempo,
+            alpha_target=self.cfg.heuristic_alpha_target,
         )
 
 

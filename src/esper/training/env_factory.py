@@ -73,7 +73,11 @@ class EnvFactory:
             host_optimizer=make_host_optimizer(model, self.cfg.host),
             host_cfg=self.cfg.host,
             governor=governor,
-            tracker=SignalTracker(),
+            tracker=SignalTracker(
+                plateau_gain_pp=self.cfg.policy.plateau_gain_pp,
+                stabilise_gain_pp=self.cfg.policy.stabilise_gain_pp,
+                stabilise_epochs=self.cfg.policy.stabilise_epochs,
+            ),
             stream=torch.cuda.Stream(device=device) if use_cuda else None,  # type: ignore[no-untyped-call]
             scaler=(
                 torch.amp.GradScaler("cuda")
