@@ -5,6 +5,10 @@ added to the reward is picked up here without edits. A row is flagged when its
 components do not sum to its total within :data:`SUM_TOLERANCE` (a NaN anywhere flags
 it too). A component column missing from an older schema reads as null and counts as
 0 in the sum, which is what that older reward computed; the summary names it.
+
+Grouped sums and means are added up in numpy over the frame's fixed row order, so
+every call gives the same bits (a parallel group-by adds floats in an order that varies
+from call to call).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Final
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
@@ -55,10 +60,30 @@ class RewardBreakdown(AnalysisResult):
     missing_components: list[str]
 
 
-def _sums(*, mean: bool = False) -> list[pl.Expr]:
-    """Row count plus the sum (or mean) of every component and of the total."""
-    cols = [pl.col(c) for c in [*_COMPONENTS, "total"]]
-    return [pl.len().alias("rows"), *(c.mean() if mean else c.sum() for c in cols)]
+_SUMMED: Final = [*_COMPONENTS, "total"]
+#: Key columns of the grouped tables, read once with the components.
+_KEYS: Final = ["rank", "round", "env", "op", "step"]
+
+
+def _group_sums(df: pl.DataFrame, keys: list[str], *, mean: bool = False) -> pl.DataFrame:
+    """Row count plus the sum (or mean, over non-null values) of every component and of
+    the total per key, accumulated by ``np.bincount`` in row order. Nulls (a component
+    an older schema lacks) are skipped, like polars' own sum and mean."""
+    group = (df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1).astype(np.int64)
+    n = int(group.max()) + 1 if df.height else 0
+    first = np.full(n, df.height, dtype=np.int64)
+    np.minimum.at(first, group, np.arange(df.height))
+    columns = [pl.Series("rows", np.bincount(group, minlength=n), dtype=pl.UInt32)]
+    for c in _SUMMED:
+        col = df[c].cast(pl.Float64)
+        total = np.bincount(group, weights=col.fill_null(0.0).to_numpy(), minlength=n)
+        if not mean:
+            columns.append(pl.Series(c, total, dtype=pl.Float64))
+            continue
+        present = np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
+        means = np.divide(total, present, out=np.zeros(n), where=present > 0)
+        columns.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
+    return df[first].select(keys).with_columns(columns)
 
 
 def _with_check(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -88,7 +113,7 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     )
     by_component_exprs = [
         pl.struct(
-            sum=pl.col(c).sum(),
+            sum=pl.col(c).sum(),  # replaced by numpy's (deterministic) in _component_table
             mean=pl.col(c).mean(),
             min=pl.col(c).min(),
             max=pl.col(c).max(),
@@ -98,20 +123,27 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     ]
     plans = [
         lf.select(by_component_exprs),
-        lf.group_by("env").agg(_sums()).sort("env"),
-        lf.group_by("rank", "round", "env")
-        .agg(_sums())
-        .join(episodes, on=["rank", "round", "env"], how="left")
-        .sort("round", "env", "rank"),
-        lf.group_by("op").agg(*_sums(), mean_total=pl.col("total").mean()).sort("op"),
-        lf.group_by("round").agg(_sums(mean=True)).sort("round"),
+        lf.select(*_KEYS, *_SUMMED),
+        episodes,
         lf.filter(~pl.col("sum_ok"))
         .select("round", "env", "step", "op", "total", "component_sum", *_COMPONENTS)
         .with_columns(diff=pl.col("component_sum") - pl.col("total"))
         .sort("round", "env", "step"),
     ]
-    comp, by_env, by_episode, by_op, by_round, flagged = pl.collect_all(plans)
-    by_component = _component_table(comp)
+    comp, rows, reported, flagged = pl.collect_all(plans)
+    by_component = _component_table(comp, rows)
+    by_env = _group_sums(rows, ["env"]).sort("env")
+    by_episode = (
+        _group_sums(rows, ["rank", "round", "env"])
+        .join(reported, on=["rank", "round", "env"], how="left")
+        .sort("round", "env", "rank")
+    )
+    by_op = (
+        _group_sums(rows, ["op"])
+        .with_columns(mean_total=pl.col("total") / pl.col("rows"))
+        .sort("op")
+    )
+    by_round = _group_sums(rows, ["round"], mean=True).sort("round")
     return RewardBreakdown(
         by_component=by_component,
         by_env=by_env,
@@ -126,14 +158,18 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     )
 
 
-def _component_table(wide: pl.DataFrame) -> pl.DataFrame:
-    """One row per component (and the total) from the one-row struct aggregate."""
-    rows = []
-    for name in [*_COMPONENTS, "total"]:
-        stats = wide[name][0] if wide.height else None
-        stats = stats or {}
-        rows.append({"component": name, **{k: stats.get(k) for k in _STAT_KEYS}})
-    return pl.DataFrame(rows, schema=_COMPONENT_SCHEMA)
+def _component_table(wide: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per component (and the total) from the one-row struct aggregate; sum and
+    mean are numpy's over the fixed row order (see the module docstring)."""
+    table = []
+    for name in _SUMMED:
+        stats = dict(wide[name][0] or {}) if wide.height else {}
+        values = rows[name].drop_nulls().cast(pl.Float64).to_numpy()
+        if values.size:
+            stats["sum"] = float(np.sum(values))
+            stats["mean"] = stats["sum"] / values.size
+        table.append({"component": name, **{k: stats.get(k) for k in _STAT_KEYS}})
+    return pl.DataFrame(table, schema=_COMPONENT_SCHEMA)
 
 
 _STAT_KEYS: Final = ("sum", "mean", "min", "max", "nonzero")

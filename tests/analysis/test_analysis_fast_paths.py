@@ -12,6 +12,8 @@ import polars as pl
 from esper_analysis import counts as counts_module
 from esper_analysis import event_counts, load_run
 from esper_analysis import lifecycles as lc
+from esper_analysis import rewards as rw
+from esper_analysis.rewards import reward_breakdown
 
 
 def test_counts_match_a_plain_group_by(scripted_run: Path) -> None:
@@ -96,3 +98,39 @@ def test_a_hash_collision_falls_back_to_the_key_columns() -> None:
         }
     )
     assert lc._join_key(keys) == list(lc.SEED_KEY)
+
+
+def test_reward_breakdown_is_bit_identical_and_equals_a_plain_group_by(
+    scripted_run: Path,
+) -> None:
+    """Grouped reward sums come from numpy in row order: the same bits on every call,
+    and the same numbers (to rounding) as polars' parallel group-by."""
+    run = load_run(scripted_run)
+    first, second = reward_breakdown(run), reward_breakdown(run)
+    for name in ("by_component", "by_env", "by_episode", "by_op", "by_round"):
+        assert getattr(first, name).equals(getattr(second, name), null_equal=True), name
+    plain = (
+        run.scan("reward_computed")
+        .group_by("round")
+        .agg(pl.len().alias("rows"), pl.col("total").mean(), pl.col("germinate_cost").mean())
+        .sort("round")
+        .collect()
+    )
+    ours = first.by_round.select(plain.columns)
+    assert ours["rows"].equals(plain["rows"].cast(pl.UInt32))
+    for col in ("total", "germinate_cost"):
+        assert float((ours[col] - plain[col]).abs().max()) < 1e-9  # type: ignore[arg-type]
+    by_env = run.scan("reward_computed").group_by("env").agg(pl.col("total").sum()).collect()
+    assert abs(float(first.by_env["total"].sum()) - float(by_env["total"].sum())) < 1e-9
+
+
+def test_grouped_reward_sums_of_nothing_and_of_nulls() -> None:
+    empty = pl.DataFrame(schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)})
+    assert rw._group_sums(empty, ["env"]).height == 0
+    rows = pl.DataFrame(
+        {"env": [0, 0, 1], **{c: [1.0, 2.0, None] for c in rw._SUMMED}},
+        schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)},
+    )
+    means = rw._group_sums(rows, ["env"], mean=True)
+    assert means["total"].to_list() == [1.5, None]
+    assert rw._group_sums(rows, ["env"])["total"].to_list() == [3.0, 0.0]  # like polars' sum
