@@ -75,8 +75,8 @@ ROUND_SERIES = ("reward", "acc", "params", "fossilized", "pruned", "germinated")
 class EagerGrower(HeuristicPolicy):
     """The heuristic, but it germinates whenever a slot is free instead of waiting for a
     plateau: the "sensible grower" that measures how much accuracy seeds can add.
-    ``blueprint`` (if valid) replaces the heuristic's rotation (which starts with the
-    smallest seeds)."""
+    ``blueprint`` (if valid) replaces the heuristic's rotation
+    (``policy.heuristic_blueprints``)."""
 
     def __init__(self, space: ActionSpace, cfg: Any, blueprint: str = "") -> None:
         super().__init__(space, cfg)
@@ -96,10 +96,12 @@ class EagerGrower(HeuristicPolicy):
         free = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
         if not free:
             return action
-        action = self._germinate(reports[free[0]], masks["blueprint"], memory)
+        germinate = self._germinate(reports[free[0]], masks["blueprint"], memory)
+        if germinate is None:  # the host offers none of the rotation's blueprints
+            return action
         if self.blueprint and masks["blueprint"][ALL_BLUEPRINTS.index(self.blueprint)]:
-            action = msgspec.structs.replace(action, blueprint=self.blueprint)
-        return action
+            germinate = msgspec.structs.replace(germinate, blueprint=self.blueprint)
+        return germinate
 
 
 class RandomValidPolicy:

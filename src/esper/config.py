@@ -97,6 +97,9 @@ class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     slots: list[str] = msgspec.field(default_factory=list)
     max_seeds: Positive = 3
     strict_gates: bool = False
+    #: Seeds pass their gates on their own once the gates' timing rules are met
+    #: (growth is one GERMINATE decision; prune, retarget and fossilize stay the policy's).
+    auto_advance: bool = False
     #: Host training: SGD on the host (and fossilized seeds), one SGD per live seed.
     lr: PositiveFloat = HOST_LR
     momentum: Fraction = HOST_MOMENTUM

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from _model_support import drive_to, germinate, healthy_grads, tiny_model
+import msgspec
+from _model_support import DIGITS_SPEC, TINY_CNN, drive_to, germinate, healthy_grads, tiny_model
 
 from esper.core.constants import G2_MIN_TRAINING_EPOCHS, G3_STRICT_MIN_BLENDING_EPOCHS
 from esper.core.enums import (
@@ -13,7 +14,8 @@ from esper.core.enums import (
     PruneReason,
     SeedStage,
 )
-from esper.core.records import GateRecord, LifecycleRecord
+from esper.core.records import GateRecord, LifecycleRecord, StageChangedRecord
+from esper.model import build_model
 
 P = Initiator.POLICY
 
@@ -146,4 +148,57 @@ def test_inapplicable_ops_return_false_without_changing_anything() -> None:
     germinate(model, slot, "norm")
     assert not model.set_alpha_target(slot, 0.5, 3, AlphaCurve.LINEAR, initiator=P)
     assert not model.fossilize(slot, initiator=P)
+    assert model.slot(slot).stage == SeedStage.GERMINATED
+
+
+def test_auto_advance_passes_each_gate_once_its_timing_is_met() -> None:
+    """host.auto_advance: G1 at the next tick, G2 after the minimum epochs (healthy
+    gradient), G3 when the blend rests at alpha 1; each move is the system's."""
+    records: list[LifecycleRecord] = []
+    model = build_model(
+        msgspec.structs.replace(TINY_CNN, auto_advance=True),
+        DIGITS_SPEC,
+        seed=0,
+        reporter=records.append,
+    )
+    slot = model.slot_ids[0]
+    germinate(model, slot, "conv_small", tempo=3)
+    model.tick(50.0)
+    assert model.slot(slot).stage == SeedStage.TRAINING
+    for _ in range(G2_MIN_TRAINING_EPOCHS - 1):
+        model.apply_grad_norms(healthy_grads(model))
+        model.tick(50.0)
+    assert model.slot(slot).stage == SeedStage.TRAINING
+    assert not _gates(records, GateId.G2)  # never tried before its minimum epochs
+    model.apply_grad_norms(healthy_grads(model))
+    model.tick(50.0)
+    assert model.slot(slot).stage == SeedStage.BLENDING
+    for _ in range(3):
+        model.tick(50.0)
+    assert model.slot(slot).stage == SeedStage.HOLDING
+    model.tick(50.0)
+    assert model.slot(slot).stage == SeedStage.HOLDING  # fossilizing stays a decision
+    moves = [r for r in records if isinstance(r, StageChangedRecord)]
+    assert [(m.to_stage, m.initiator) for m in moves][1:] == [
+        (SeedStage.TRAINING, Initiator.SYSTEM),
+        (SeedStage.BLENDING, Initiator.SYSTEM),
+        (SeedStage.HOLDING, Initiator.SYSTEM),
+    ]
+    # A blend resting short of alpha 1 stays blending: G3 is not even tried.
+    short = model.slot_ids[1]
+    germinate(model, short, "norm", tempo=3, target=0.7)
+    for _ in range(G2_MIN_TRAINING_EPOCHS + 6):
+        model.apply_grad_norms(healthy_grads(model))
+        model.tick(50.0)
+    assert model.slot(short).stage == SeedStage.BLENDING
+    assert all(r.result.passed for r in _gates(records, GateId.G3))
+
+
+def test_without_auto_advance_seeds_wait_for_the_policy() -> None:
+    model = tiny_model()
+    slot = model.slot_ids[0]
+    germinate(model, slot, "conv_small")
+    for _ in range(G2_MIN_TRAINING_EPOCHS + 2):
+        model.apply_grad_norms(healthy_grads(model))
+        model.tick(50.0)
     assert model.slot(slot).stage == SeedStage.GERMINATED

@@ -165,9 +165,17 @@ def test_heuristic_numbers_come_from_the_policy_section() -> None:
     assert a.style.name == "SIGMOID_ADD"
     (b,), _ = run(policy, [empty], [calm], step.hidden)
     assert b.blueprint == "norm"  # rotation wraps over the configured list only
-    # A blend resting at the configured target advances; below it, retarget at the tempo.
+    # A blend resting below the configured target is retargeted at the configured tempo;
+    # resting at 0.7 it waits (G3 needs alpha 1, so ADVANCE is masked).
+    short = report("s0", S.BLENDING, alpha=0.5, alpha_target=0.5)
+    retarget = one_with(policy, [short, report("s1")])
+    assert (retarget.op, retarget.alpha_target, retarget.alpha_speed) == (
+        Op.SET_ALPHA_TARGET,
+        0.7,
+        8,
+    )
     resting = report("s0", S.BLENDING, alpha=0.7, alpha_target=0.7)
-    assert one_with(policy, [resting, report("s1")]).op == Op.ADVANCE
+    assert one_with(policy, [resting, report("s1")]).op == Op.WAIT
     # Stall after 2 epochs (default 5), and the prune penalty / decay land in the memory.
     meh = report("s0", S.HOLDING, alpha=1.0, contribution=0.2, age_epochs=20, epochs_in_stage=2)
     assert one_with(policy, [meh, report("s1")]).op == Op.PRUNE

@@ -11,7 +11,12 @@ from _policy_support import N_OPS, env_reports, report, space
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esper.core.constants import ALL_BLUEPRINTS, MIN_PRUNE_AGE, TRANSFORMER_BLUEPRINTS
+from esper.core.constants import (
+    ALL_BLUEPRINTS,
+    G2_MIN_TRAINING_EPOCHS,
+    MIN_PRUNE_AGE,
+    TRANSFORMER_BLUEPRINTS,
+)
 from esper.core.enums import AlphaMode, LifecycleOp, SeedStage, Topology
 from esper.core.records import SlotReport
 from esper.policy.actions import ActionSpace
@@ -61,9 +66,9 @@ def test_prune_needs_age_rest_and_not_fossilized() -> None:
 def test_advance_fossilize_and_retarget_rules() -> None:
     env = [
         report("g", S.GERMINATED),
-        report("t", S.TRAINING),
-        report("b", S.BLENDING),
-        report("bm", S.BLENDING, alpha_mode=AlphaMode.UP),
+        report("t", S.TRAINING, epochs_in_stage=G2_MIN_TRAINING_EPOCHS),
+        report("b", S.BLENDING, alpha=1.0, alpha_target=1.0),
+        report("bm", S.BLENDING, alpha_mode=AlphaMode.UP, alpha_target=1.0),
         report("h", S.HOLDING, alpha=1.0),
         report("f", S.FOSSILIZED, alpha=1.0),
     ]
@@ -73,6 +78,18 @@ def test_advance_fossilize_and_retarget_rules() -> None:
     assert m.slot[Op.SET_ALPHA_TARGET].tolist() == [False, False, True, False, True, False]
     # The GERMINATED seed blocks germination; every seed is too young to prune.
     assert valid_ops(m) == set(Op) - {Op.GERMINATE, Op.PRUNE}
+
+
+def test_advance_is_masked_where_its_gate_must_refuse() -> None:
+    """G2 refuses a TRAINING seed before its minimum epochs, G3 a blend resting below
+    alpha 1: the mask rules those out instead of letting the policy pay for them."""
+    env = [
+        report("t", S.TRAINING, epochs_in_stage=G2_MIN_TRAINING_EPOCHS - 1),
+        report("b", S.BLENDING, alpha=0.7, alpha_target=0.7),
+    ]
+    m = masks_for(env)
+    assert m.slot[Op.ADVANCE].tolist() == [False, False]
+    assert m.slot[Op.SET_ALPHA_TARGET].tolist() == [False, True]  # retarget to 1.0 first
 
 
 def test_scheduled_prune_freezes_the_slot() -> None:
@@ -110,9 +127,9 @@ def reference_masks(env: Sequence[SlotReport], max_seeds: int) -> tuple[list, li
         steady, rest = not r.scheduled_prune, r.alpha_mode == AlphaMode.HOLD
         slot[Op.WAIT][s] = True
         slot[Op.GERMINATE][s] = r.stage == S.DORMANT and not blocked and room
-        slot[Op.ADVANCE][s] = steady and (
-            r.stage in (S.GERMINATED, S.TRAINING) or (r.stage == S.BLENDING and rest)
-        )
+        trained = r.stage == S.TRAINING and r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS
+        blended = r.stage == S.BLENDING and rest and r.alpha_target == 1.0
+        slot[Op.ADVANCE][s] = steady and (r.stage == S.GERMINATED or trained or blended)
         slot[Op.FOSSILIZE][s] = steady and r.stage == S.HOLDING
         slot[Op.PRUNE][s] = (
             steady

@@ -156,3 +156,32 @@ def test_recorder_puts_a_rollback_penalty_on_the_reward_it_belongs_to(pending: b
     assert reward.total == pytest.approx(0.25 - 10.0)
     tags = [event_tag(type(e)) for e in hub.events]
     assert "governor_rollback" in tags
+
+
+def test_auto_advance_grows_a_seed_from_one_germinate_and_masks_early_advance() -> None:
+    """host.auto_advance through HostEnvs: one GERMINATE, then the gates pass by
+    themselves (initiator system); the premature ADVANCE is never offered."""
+    from esper.core.constants import G2_MIN_TRAINING_EPOCHS
+    from esper.core.enums import SeedStage
+    from esper.core.records import StageChangedRecord
+
+    horizon = G2_MIN_TRAINING_EPOCHS + 3
+    cfg = _config(**{"host.auto_advance": True, "run.episode_length": horizon, "run.n_envs": 1})
+    envs = _envs(cfg)
+    envs.reset(0)
+    moves: list[StageChangedRecord] = []
+    slot = envs.space.slot_ids[0]
+    for step in range(horizon):
+        for epoch in envs.advance(0, step, PhaseTimes()):
+            moves += [r for r in epoch.records if isinstance(r, StageChangedRecord)]
+        obs = envs.observe(step)
+        stage = envs.states[0].model.slot(slot).stage
+        if stage == SeedStage.TRAINING:  # only reachable by G2's timing, never offered
+            assert not bool(obs.masks.slot[0, LifecycleOp.ADVANCE, 0])
+        action = _germinate(envs) if step == 0 else DecodedAction(op=LifecycleOp.WAIT)
+        envs.step([action], step)
+    auto = [(m.to_stage, m.initiator) for m in moves if m.initiator == Initiator.SYSTEM]
+    assert auto[:2] == [
+        (SeedStage.TRAINING, Initiator.SYSTEM),
+        (SeedStage.BLENDING, Initiator.SYSTEM),
+    ]

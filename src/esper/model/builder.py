@@ -65,5 +65,6 @@ def build_model(
         slot_ids=host.slots or None,
         max_seeds=host.max_seeds,
         strict_gates=strict_gates or host.strict_gates,
+        auto_advance=host.auto_advance,
         reporter=reporter,
     )

@@ -55,6 +55,7 @@ class MorphogeneticModel(nn.Module):
         slot_ids: Sequence[str] | None = None,
         max_seeds: int,
         strict_gates: bool = False,
+        auto_advance: bool = False,
         reporter: Reporter | None = None,
         registry: BlueprintRegistry = DEFAULT_REGISTRY,
     ) -> None:
@@ -75,7 +76,10 @@ class MorphogeneticModel(nn.Module):
         )
         self.positions: dict[str, SlotPosition] = {s: offered[s] for s in self.slot_ids}
         self.slots = nn.ModuleDict(
-            {s: SeedSlot(s, offered[s].width, strict=strict_gates) for s in self.slot_ids}
+            {
+                s: SeedSlot(s, offered[s].width, strict=strict_gates, auto_advance=auto_advance)
+                for s in self.slot_ids
+            }
         )
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
         for s in self.slot_ids:

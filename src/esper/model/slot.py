@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from esper.core.constants import STYLE_BLEND, STYLE_CURVE
+from esper.core.constants import G2_MIN_TRAINING_EPOCHS, STYLE_BLEND, STYLE_CURVE
 from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
 from esper.core.records import (
     GateRecord,
@@ -49,11 +49,14 @@ class SeedSlot(nn.Module):
     seed: nn.Module | None
     gate: BlendGate | None
 
-    def __init__(self, slot_id: str, width: int, *, strict: bool = False) -> None:
+    def __init__(
+        self, slot_id: str, width: int, *, strict: bool = False, auto_advance: bool = False
+    ) -> None:
         super().__init__()
         self.slot_id = slot_id
         self.width = width
         self.strict = strict
+        self.auto_advance = auto_advance
         self.register_module("seed", None)
         self.register_module("gate", None)
         self.life = SeedLifecycle()
@@ -272,6 +275,21 @@ class SeedSlot(nn.Module):
         self.alpha.step()
         if life.scheduled_prune and self.alpha.at_rest:
             self._prune_now(PruneReason.SCHEDULED_COMPLETE, self._prune_initiator, scheduled=True)
+        elif self.auto_advance and self._advance_due():
+            self.advance(Initiator.SYSTEM)
+
+    def _advance_due(self) -> bool:
+        """Auto-advance: a gate is tried once its timing rules can pass (G1 at once, G2
+        after the minimum training epochs, G3 once the blend rests at alpha 1); its
+        other checks (gradient health, strict extras) still decide."""
+        stage = self.life.stage
+        if stage == SeedStage.GERMINATED:
+            return True
+        if stage == SeedStage.TRAINING:
+            return self.life.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS
+        if stage == SeedStage.BLENDING:
+            return self.alpha.at_rest and self.alpha.target == ALPHA_MAX
+        return False
 
     def record_contribution(self, contribution_pp: float) -> None:
         if self.life.live:

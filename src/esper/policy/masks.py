@@ -1,4 +1,10 @@
-"""Action masks for all envs at once: only physically impossible actions are masked.
+"""Action masks for all envs at once: only actions that cannot succeed are masked.
+
+An action cannot succeed when the lifecycle forbids it (no seed to prune, a slot taken)
+or when its gate is certain to refuse it by the gate's timing rules: ADVANCE of a
+TRAINING seed before G2's minimum epochs, or of a resting blend whose target is not
+alpha 1 (G3). Such an ADVANCE only ever earns the invalid-action penalty, and learning
+that from the reward cost PPO several refusals per episode (docs/training.md).
 
 The slot reports already live on the host, so the rules are evaluated there as numpy
 arrays over [N envs, S slots] and moved to the policy device in a single transfer. The
@@ -17,6 +23,8 @@ import torch
 from torch import Tensor
 
 from esper.core.constants import (
+    ALPHA_TARGETS,
+    G2_MIN_TRAINING_EPOCHS,
     GERMINATE_BLOCKING,
     HEAD_NAMES,
     MIN_PRUNE_AGE,
@@ -31,7 +39,10 @@ from esper.policy.actions import N_OPS, ActionSpace
 STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
 STAGE_CODE: dict[SeedStage, int] = {s: i for i, s in enumerate(STAGES)}
 
-ADVANCEABLE_ANYTIME = (SeedStage.GERMINATED, SeedStage.TRAINING)
+#: G3 needs the blend's target to be full alpha.
+FULL_ALPHA = max(ALPHA_TARGETS)
+#: Report fields the mask rules read, one int column each.
+_MASK_COLUMNS = ("stage", "at_rest", "age", "scheduled_prune", "epochs_in_stage", "full_target")
 
 
 def _codes(stages: Sequence[SeedStage]) -> np.ndarray:
@@ -132,13 +143,21 @@ def build_mask_arrays(
     """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B]."""
     n, s = len(reports), space.n_slots
     rows = [
-        (STAGE_CODE[r.stage], r.alpha_at_rest, r.age_epochs, r.scheduled_prune)
+        (
+            STAGE_CODE[r.stage],
+            r.alpha_at_rest,
+            r.age_epochs,
+            r.scheduled_prune,
+            r.epochs_in_stage,
+            r.alpha_target >= FULL_ALPHA,
+        )
         for env in reports
         for r in order_reports(env, space)
     ]
-    arr = np.array(rows, dtype=np.int64).reshape(n, s, 4)
-    stage, at_rest, age = arr[..., 0], arr[..., 1].astype(bool), arr[..., 2]
-    steady = ~arr[..., 3].astype(bool)  # a seed being scheduled-pruned accepts no ops
+    arr = np.array(rows, dtype=np.int64).reshape(n, s, len(_MASK_COLUMNS))
+    col = dict(zip(_MASK_COLUMNS, np.moveaxis(arr, -1, 0), strict=True))
+    stage, at_rest, age = col["stage"], col["at_rest"].astype(bool), col["age"]
+    steady = ~col["scheduled_prune"].astype(bool)  # a seed being scheduled-pruned accepts no ops
 
     blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
     under_limit = np.isin(stage, _codes(OCCUPYING)).sum(axis=1) < max_seeds
@@ -148,8 +167,12 @@ def build_mask_arrays(
     slot = np.zeros((n, N_OPS, s), dtype=bool)
     slot[:, LifecycleOp.WAIT] = True
     slot[:, LifecycleOp.GERMINATE] = (stage == STAGE_CODE[SeedStage.DORMANT]) & can_germinate
+    trained = (stage == STAGE_CODE[SeedStage.TRAINING]) & (
+        col["epochs_in_stage"] >= G2_MIN_TRAINING_EPOCHS
+    )
+    blended = blending & at_rest & col["full_target"].astype(bool)
     slot[:, LifecycleOp.ADVANCE] = steady & (
-        np.isin(stage, _codes(ADVANCEABLE_ANYTIME)) | (blending & at_rest)
+        (stage == STAGE_CODE[SeedStage.GERMINATED]) | trained | blended
     )
     slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
     slot[:, LifecycleOp.PRUNE] = (
