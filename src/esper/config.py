@@ -273,9 +273,10 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     run_id: str = ""
     counterfactual_factorial: bool = True
     checkpoint_every: NonNegative = 1
-    #: Intra-op CPU threads (0 = torch's default). Per-env kernels are tiny, so extra
-    #: threads cost more in synchronisation than they win (10x slower with 2 threads on
-    #: the 2-core reference machine); see docs/performance.md.
+    #: Intra-op CPU threads (0 = the cores this process may use, divided among local
+    #: torchrun processes). 1 by default: results do not depend on the machine (the
+    #: thread count changes float reductions), and runs side by side do not oversubscribe
+    #: the cores (25x slower measured); see docs/config.md.
     torch_threads: NonNegative = 1
     #: CUDA only: float32 matmuls and convolutions on TF32 tensor cores (ignored on CPU,
     #: where runs stay bit-identical).

@@ -169,3 +169,18 @@ def test_signal_thresholds_reach_every_env_tracker() -> None:
         0.25,
         4,
     )
+
+
+def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from esper.training.run import intra_op_threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert intra_op_threads(3) == 3  # an explicit count is kept
+    assert intra_op_threads(0) == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert intra_op_threads(0) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert intra_op_threads(0) == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import signal
 import threading
 import time
@@ -97,12 +98,22 @@ class TrainResult:
     rounds: list[RoundSummary] = field(default_factory=list)
 
 
+def intra_op_threads(requested: int) -> int:
+    """``run.torch_threads``, with 0 meaning every core this process may use, shared
+    among the local training processes (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    if requested:
+        return requested
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, cores // max(1, local))
+
+
 def configure_torch(cfg: Config) -> None:
     """Process-wide torch settings of a run: intra-op threads, and TF32 on CUDA (the
     hosts are small CNNs whose float32 convolutions and matmuls TF32 runs several times
     faster at an accuracy far below what the training noise already is)."""
-    if cfg.run.torch_threads:
-        torch.set_num_threads(cfg.run.torch_threads)
+    torch.set_num_threads(intra_op_threads(cfg.run.torch_threads))
     if torch.device(cfg.run.device).type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.run.tf32
         torch.backends.cudnn.allow_tf32 = cfg.run.tf32
