@@ -65,25 +65,81 @@ _SUMMED: Final = [*_COMPONENTS, "total"]
 _KEYS: Final = ["rank", "round", "env", "op", "step"]
 
 
-def _group_sums(df: pl.DataFrame, keys: list[str], *, mean: bool = False) -> pl.DataFrame:
+class _Columns:
+    """The summed columns as float64 numpy arrays (nulls as 0) with their null masks,
+    converted once and shared by every grouping."""
+
+    def __init__(self, df: pl.DataFrame) -> None:
+        self.values: dict[str, np.ndarray] = {}
+        self.present: dict[str, np.ndarray | None] = {}
+        for c in _SUMMED:
+            col = df[c].cast(pl.Float64)
+            nulls = col.null_count()
+            self.values[c] = col.fill_null(0.0).to_numpy() if nulls else col.to_numpy()
+            self.present[c] = col.is_not_null().to_numpy() if nulls else None
+
+
+def _compress(codes: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """Codes in ``[0, size)`` renumbered densely to ``[0, groups)`` (order kept)."""
+    used = np.bincount(codes, minlength=size) > 0
+    remap = np.cumsum(used) - 1
+    return remap[codes], int(used.sum())
+
+
+def _dense_codes(series: pl.Series) -> tuple[np.ndarray, int]:
+    """Dense integer code per row of one key column, and the number of codes: an offset
+    for integers spanning a small range, a categorical encoding for strings, a sort
+    otherwise (which code a value gets does not matter: the tables are sorted by key)."""
+    if series.dtype.is_integer():
+        values = series.to_numpy()
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo <= max(len(values), 1):
+            return _compress((values - lo).astype(np.int64), hi - lo + 1)
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return inverse.astype(np.int64), len(uniq)
+    codes = series.cast(pl.String).cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
+    return _compress(codes, int(codes.max()) + 1)
+
+
+def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
+    """One dense group id per row for the combination of ``keys``."""
+    group, n = _dense_codes(df[keys[0]])
+    for key in keys[1:]:
+        codes, size = _dense_codes(df[key])
+        combined = group * size + codes
+        if n * size <= 4 * max(df.height, 1):
+            group, n = _compress(combined, n * size)
+        else:
+            uniq, inverse = np.unique(combined, return_inverse=True)
+            group, n = inverse.astype(np.int64), len(uniq)
+    return group, n
+
+
+def _group_sums(
+    df: pl.DataFrame, columns: _Columns, keys: list[str], *, mean: bool = False
+) -> pl.DataFrame:
     """Row count plus the sum (or mean, over non-null values) of every component and of
     the total per key, accumulated by ``np.bincount`` in row order. Nulls (a component
     an older schema lacks) are skipped, like polars' own sum and mean."""
-    group = (df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1).astype(np.int64)
-    n = int(group.max()) + 1 if df.height else 0
-    first = np.full(n, df.height, dtype=np.int64)
-    np.minimum.at(first, group, np.arange(df.height))
-    columns = [pl.Series("rows", np.bincount(group, minlength=n), dtype=pl.UInt32)]
+    if not df.height:
+        empty = [pl.Series("rows", [], dtype=pl.UInt32)]
+        empty += [pl.Series(c, [], dtype=pl.Float64) for c in _SUMMED]
+        return df.select(keys).with_columns(empty)
+    group, n = _group_codes(df, keys)
+    first = np.empty(n, dtype=np.int64)
+    first[group] = np.arange(df.height)  # some row of each group: its keys are the group's
+    counts = np.bincount(group, minlength=n)
+    out = [pl.Series("rows", counts, dtype=pl.UInt32)]
     for c in _SUMMED:
-        col = df[c].cast(pl.Float64)
-        total = np.bincount(group, weights=col.fill_null(0.0).to_numpy(), minlength=n)
+        total = np.bincount(group, weights=columns.values[c], minlength=n)
         if not mean:
-            columns.append(pl.Series(c, total, dtype=pl.Float64))
+            out.append(pl.Series(c, total, dtype=pl.Float64))
             continue
-        present = np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
+        mask = columns.present[c]
+        present = counts if mask is None else np.bincount(group, weights=mask, minlength=n)
         means = np.divide(total, present, out=np.zeros(n), where=present > 0)
-        columns.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
-    return df[first].select(keys).with_columns(columns)
+        out.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
+    return df[first].select(keys).with_columns(out)
 
 
 def _with_check(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -132,18 +188,19 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     ]
     comp, rows, reported, flagged = pl.collect_all(plans)
     by_component = _component_table(comp, rows)
-    by_env = _group_sums(rows, ["env"]).sort("env")
+    columns = _Columns(rows)
+    by_env = _group_sums(rows, columns, ["env"]).sort("env")
     by_episode = (
-        _group_sums(rows, ["rank", "round", "env"])
+        _group_sums(rows, columns, ["rank", "round", "env"])
         .join(reported, on=["rank", "round", "env"], how="left")
         .sort("round", "env", "rank")
     )
     by_op = (
-        _group_sums(rows, ["op"])
+        _group_sums(rows, columns, ["op"])
         .with_columns(mean_total=pl.col("total") / pl.col("rows"))
         .sort("op")
     )
-    by_round = _group_sums(rows, ["round"], mean=True).sort("round")
+    by_round = _group_sums(rows, columns, ["round"], mean=True).sort("round")
     return RewardBreakdown(
         by_component=by_component,
         by_env=by_env,

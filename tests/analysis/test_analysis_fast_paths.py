@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 from esper_analysis import counts as counts_module
 from esper_analysis import event_counts, load_run
@@ -126,11 +127,33 @@ def test_reward_breakdown_is_bit_identical_and_equals_a_plain_group_by(
 
 def test_grouped_reward_sums_of_nothing_and_of_nulls() -> None:
     empty = pl.DataFrame(schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)})
-    assert rw._group_sums(empty, ["env"]).height == 0
+    assert rw._group_sums(empty, rw._Columns(empty), ["env"]).height == 0
     rows = pl.DataFrame(
         {"env": [0, 0, 1], **{c: [1.0, 2.0, None] for c in rw._SUMMED}},
         schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)},
     )
-    means = rw._group_sums(rows, ["env"], mean=True)
+    columns = rw._Columns(rows)
+    means = rw._group_sums(rows, columns, ["env"], mean=True)
     assert means["total"].to_list() == [1.5, None]
-    assert rw._group_sums(rows, ["env"])["total"].to_list() == [3.0, 0.0]  # like polars' sum
+    assert rw._group_sums(rows, columns, ["env"])["total"].to_list() == [3.0, 0.0]  # as polars
+
+
+def test_group_codes_partition_rows_like_a_group_by() -> None:
+    """Small-range and wide-range integers and strings, alone and combined: same groups
+    as polars' dense rank of the key struct (the code numbering itself may differ)."""
+    rng = np.random.default_rng(0)
+    n = 5000
+    df = pl.DataFrame(
+        {
+            "round": rng.integers(0, 40, n),
+            "wide": rng.integers(-(2**40), 2**40, n) // 2**35,
+            "op": rng.choice(["wait", "germinate", "prune", "advance"], n),
+            "rank": rng.integers(0, 3, n),
+        }
+    )
+    for keys in (["round"], ["wide"], ["op"], ["rank", "round", "op"], ["wide", "round"]):
+        codes, n_groups = rw._group_codes(df, keys)
+        reference = df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1
+        assert n_groups == int(reference.max()) + 1
+        pairs = set(zip(codes.tolist(), reference.tolist(), strict=True))
+        assert len(pairs) == n_groups  # a bijection between our codes and the reference
