@@ -6,9 +6,9 @@ components do not sum to its total within :data:`SUM_TOLERANCE` (a NaN anywhere 
 it too). A component column missing from an older schema reads as null and counts as
 0 in the sum, which is what that older reward computed; the summary names it.
 
-Grouped sums and means are added up in numpy over the frame's fixed row order, so
-every call gives the same bits (a parallel group-by adds floats in an order that varies
-from call to call).
+Grouped sums and means are added up in numpy in a fixed order (per finest group in row
+order, then rolled up over those groups), so every call gives the same bits (a parallel
+group-by adds floats in an order that varies from call to call).
 """
 
 from __future__ import annotations
@@ -63,20 +63,33 @@ class RewardBreakdown(AnalysisResult):
 _SUMMED: Final = [*_COMPONENTS, "total"]
 #: Key columns of the grouped tables, read once with the components.
 _KEYS: Final = ["rank", "round", "env", "op", "step"]
+#: The finest grouping; every table's keys are a subset of it.
+_FINE: Final = ["rank", "round", "env", "op"]
 
 
-class _Columns:
-    """The summed columns as float64 numpy arrays (nulls as 0) with their null masks,
-    converted once and shared by every grouping."""
+class _Partials:
+    """Row counts, sums and non-null counts of every summed column per finest group
+    (rank, round, env, op), accumulated by ``np.bincount`` in row order. Every table is
+    a roll-up of these partials, so the large frame is converted and grouped once."""
 
     def __init__(self, df: pl.DataFrame) -> None:
-        self.values: dict[str, np.ndarray] = {}
-        self.present: dict[str, np.ndarray | None] = {}
+        group, n = _group_codes(df, _FINE)
+        first = np.empty(n, dtype=np.int64)
+        first[group] = np.arange(df.height)  # some row of each group: its keys are the group's
+        self.keys = df[first].select(_FINE)
+        self.rows = np.bincount(group, minlength=n)
+        self.sums: dict[str, np.ndarray] = {}
+        self.present: dict[str, np.ndarray] = {}
         for c in _SUMMED:
             col = df[c].cast(pl.Float64)
             nulls = col.null_count()
-            self.values[c] = col.fill_null(0.0).to_numpy() if nulls else col.to_numpy()
-            self.present[c] = col.is_not_null().to_numpy() if nulls else None
+            values = col.fill_null(0.0).to_numpy() if nulls else col.to_numpy()
+            self.sums[c] = np.bincount(group, weights=values, minlength=n)
+            self.present[c] = (
+                np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
+                if nulls
+                else self.rows
+            )
 
 
 def _compress(codes: np.ndarray, size: int) -> tuple[np.ndarray, int]:
@@ -103,6 +116,8 @@ def _dense_codes(series: pl.Series) -> tuple[np.ndarray, int]:
 
 def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     """One dense group id per row for the combination of ``keys``."""
+    if not df.height:
+        return np.empty(0, dtype=np.int64), 0
     group, n = _dense_codes(df[keys[0]])
     for key in keys[1:]:
         codes, size = _dense_codes(df[key])
@@ -115,31 +130,30 @@ def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     return group, n
 
 
-def _group_sums(
-    df: pl.DataFrame, columns: _Columns, keys: list[str], *, mean: bool = False
-) -> pl.DataFrame:
+def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> pl.DataFrame:
     """Row count plus the sum (or mean, over non-null values) of every component and of
-    the total per key, accumulated by ``np.bincount`` in row order. Nulls (a component
-    an older schema lacks) are skipped, like polars' own sum and mean."""
-    if not df.height:
+    the total per key, rolled up from the partials in their fixed order. Nulls (a
+    component an older schema lacks) are skipped, like polars' own sum and mean."""
+    fine = partials.keys
+    if not fine.height:
         empty = [pl.Series("rows", [], dtype=pl.UInt32)]
         empty += [pl.Series(c, [], dtype=pl.Float64) for c in _SUMMED]
-        return df.select(keys).with_columns(empty)
-    group, n = _group_codes(df, keys)
+        return fine.select(keys).with_columns(empty)
+    group, n = _group_codes(fine, keys)
     first = np.empty(n, dtype=np.int64)
-    first[group] = np.arange(df.height)  # some row of each group: its keys are the group's
-    counts = np.bincount(group, minlength=n)
-    out = [pl.Series("rows", counts, dtype=pl.UInt32)]
+    first[group] = np.arange(fine.height)
+    out = [
+        pl.Series("rows", np.bincount(group, weights=partials.rows, minlength=n), dtype=pl.UInt32)
+    ]
     for c in _SUMMED:
-        total = np.bincount(group, weights=columns.values[c], minlength=n)
+        total = np.bincount(group, weights=partials.sums[c], minlength=n)
         if not mean:
             out.append(pl.Series(c, total, dtype=pl.Float64))
             continue
-        mask = columns.present[c]
-        present = counts if mask is None else np.bincount(group, weights=mask, minlength=n)
+        present = np.bincount(group, weights=partials.present[c], minlength=n)
         means = np.divide(total, present, out=np.zeros(n), where=present > 0)
         out.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
-    return df[first].select(keys).with_columns(out)
+    return fine[first].select(keys).with_columns(out)
 
 
 def _with_check(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -188,19 +202,19 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     ]
     comp, rows, reported, flagged = pl.collect_all(plans)
     by_component = _component_table(comp, rows)
-    columns = _Columns(rows)
-    by_env = _group_sums(rows, columns, ["env"]).sort("env")
+    partials = _Partials(rows)
+    by_env = _group_sums(partials, ["env"]).sort("env")
     by_episode = (
-        _group_sums(rows, columns, ["rank", "round", "env"])
+        _group_sums(partials, ["rank", "round", "env"])
         .join(reported, on=["rank", "round", "env"], how="left")
         .sort("round", "env", "rank")
     )
     by_op = (
-        _group_sums(rows, columns, ["op"])
+        _group_sums(partials, ["op"])
         .with_columns(mean_total=pl.col("total") / pl.col("rows"))
         .sort("op")
     )
-    by_round = _group_sums(rows, columns, ["round"], mean=True).sort("round")
+    by_round = _group_sums(partials, ["round"], mean=True).sort("round")
     return RewardBreakdown(
         by_component=by_component,
         by_env=by_env,

@@ -126,16 +126,21 @@ def test_reward_breakdown_is_bit_identical_and_equals_a_plain_group_by(
 
 
 def test_grouped_reward_sums_of_nothing_and_of_nulls() -> None:
-    empty = pl.DataFrame(schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)})
-    assert rw._group_sums(empty, rw._Columns(empty), ["env"]).height == 0
-    rows = pl.DataFrame(
-        {"env": [0, 0, 1], **{c: [1.0, 2.0, None] for c in rw._SUMMED}},
-        schema={"env": pl.Int64, **dict.fromkeys(rw._SUMMED, pl.Float64)},
-    )
-    columns = rw._Columns(rows)
-    means = rw._group_sums(rows, columns, ["env"], mean=True)
-    assert means["total"].to_list() == [1.5, None]
-    assert rw._group_sums(rows, columns, ["env"])["total"].to_list() == [3.0, 0.0]  # as polars
+    schema = {
+        **dict.fromkeys(["rank", "round", "env"], pl.Int64),
+        "op": pl.String,
+        **dict.fromkeys(rw._SUMMED, pl.Float64),
+    }
+    empty = pl.DataFrame(schema=schema)
+    assert rw._group_sums(rw._Partials(empty), ["env"]).height == 0
+    keys = {"rank": [0, 0, 0], "round": [0, 1, 0], "env": [0, 0, 1], "op": ["wait"] * 3}
+    rows = pl.DataFrame({**keys, **{c: [1.0, 2.0, None] for c in rw._SUMMED}}, schema=schema)
+    partials = rw._Partials(rows)
+    means = rw._group_sums(partials, ["env"], mean=True)
+    assert means.sort("env")["total"].to_list() == [1.5, None]
+    sums = rw._group_sums(partials, ["env"]).sort("env")
+    assert sums["total"].to_list() == [3.0, 0.0]  # as polars' sum
+    assert sums["rows"].to_list() == [2, 1]
 
 
 def test_group_codes_partition_rows_like_a_group_by() -> None:
