@@ -66,8 +66,16 @@ QUICK: dict[str, Any] = {
     "policy.lstm_hidden": 16,
 }
 PARAMS_PER_K = 1000.0
-#: Config keys that change only what PPO does (the other policies ignore them).
-PPO_PREFIX = "ppo."
+#: Override keys that change only what PPO does (the other policies ignore them).
+PPO_ONLY_KEYS = (
+    "ppo.",
+    "policy.op_prior",
+    "policy.feature_dim",
+    "policy.lstm_hidden",
+    "policy.blueprint_embed_dim",
+)
+
+
 #: Per-round series of a run's results (one value per round).
 ROUND_SERIES = ("reward", "acc", "params", "fossilized", "pruned", "germinated")
 
@@ -414,14 +422,18 @@ def _truncated(run: dict[str, Any], rounds: int) -> dict[str, Any]:
     return out
 
 
+def _ppo_only(key: str) -> bool:
+    return key.startswith(PPO_ONLY_KEYS)
+
+
 def _merge_key(part: dict[str, Any], rounds: int | None) -> tuple[str, dict[str, Any]]:
     """What must match between merged files; ``run.rounds`` may differ when truncating.
 
-    ``ppo.*`` keys are left out: they change only the PPO runs, so a PPO variant can be
-    summarised with baselines run once (the PPO files themselves must agree on them,
-    :func:`_ppo_overrides`).
+    PPO-only keys (``ppo.*`` and the policy network's) are left out: they change only
+    the PPO runs, so a PPO variant can be summarised with baselines run once (the PPO
+    files themselves must agree on them, :func:`_ppo_overrides`).
     """
-    overrides = {k: v for k, v in part["overrides"].items() if not k.startswith(PPO_PREFIX)}
+    overrides = {k: v for k, v in part["overrides"].items() if not _ppo_only(k)}
     if rounds is not None:
         if part["rounds"] < rounds:
             raise SystemExit(f"--rounds {rounds}: a results file has only {part['rounds']} rounds")
@@ -430,14 +442,14 @@ def _merge_key(part: dict[str, Any], rounds: int | None) -> tuple[str, dict[str,
 
 
 def _ppo_overrides(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``ppo.*`` overrides of the files holding PPO runs (which must agree)."""
+    """The PPO-only overrides of the files holding PPO runs (which must agree)."""
     found = [
-        {k: v for k, v in part["overrides"].items() if k.startswith(PPO_PREFIX)}
+        {k: v for k, v in part["overrides"].items() if _ppo_only(k)}
         for part in parts
         if "ppo" in part["runs"]
     ]
     if any(f != found[0] for f in found):
-        raise SystemExit("--merge: the PPO runs come from different ppo.* settings")
+        raise SystemExit("--merge: the PPO runs come from different PPO-only settings")
     return found[0] if found else {}
 
 
@@ -469,7 +481,7 @@ def _merge(args: argparse.Namespace) -> int:
                     raise SystemExit(f"--merge: {path}: {policy} seed {s} is in two files")
                 runs[policy][int(s)] = _truncated(r, args.rounds) if args.rounds else r
     wall = sum(p["wall_minutes"] for p in parts) * 60
-    overrides = {k: v for k, v in first["overrides"].items() if not k.startswith(PPO_PREFIX)}
+    overrides = {k: v for k, v in first["overrides"].items() if not _ppo_only(k)}
     overrides.update(_ppo_overrides(parts))
     if args.rounds is not None:
         overrides["run.rounds"] = args.rounds

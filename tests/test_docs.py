@@ -54,3 +54,13 @@ def test_readme_config_example_loads(tmp_path: Path) -> None:
         path = tmp_path / f"example{i}.toml"
         path.write_text(block)
         load_config(path)  # raises ConfigError naming the key if the example is stale
+
+
+def test_every_bundled_preset_loads() -> None:
+    """configs/*.toml are user-facing presets: each must load and validate."""
+    from esper.config import load_config
+
+    presets = sorted((DOC.parents[1] / "configs").glob("*.toml"))
+    assert len(presets) >= 2
+    for preset in presets:
+        load_config(preset)

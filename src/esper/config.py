@@ -19,6 +19,7 @@ import msgspec
 from esper.core.constants import (
     ALL_BLUEPRINTS,
     ALPHA_TARGETS,
+    GERMINATE_MIN_STEPS_LEFT,
     HEURISTIC_ALPHA_TARGET,
     HEURISTIC_BLUEPRINT_ORDER,
     HEURISTIC_PENALTY_DECAY,
@@ -76,6 +77,9 @@ class TaskConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     batch_size: Positive = 64
     #: Cap on training samples seen per env per epoch (None: the env's full share).
     train_samples_per_env: Positive | None = None
+    #: Each env trains on its own share of every epoch's shuffle (false: all envs train on
+    #: the same samples, so the env count no longer divides the data).
+    env_split: bool = True
     #: Validation samples used per step (None: the whole validation split).
     val_samples: Positive | None = None
     #: synthetic task size; ignored by the others.
@@ -115,6 +119,11 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     lstm_hidden: Positive = 128
     blueprint_embed_dim: Positive = 4
     compile: bool = False
+    #: Blueprints every policy may germinate (masked otherwise); empty: all the host offers.
+    blueprints: list[str] = msgspec.field(default_factory=list)
+    #: Mask GERMINATE once too few steps remain for a new seed to blend before the
+    #: episode ends (it could only cost parameters).
+    mask_late_germination: bool = False
     #: Initial op-head logit bias per op (learned from there on); unnamed ops start at 0.
     op_prior: dict[OpName, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_OP_PRIOR))
     #: Host signals (observation features and the heuristic): plateau epochs and the
@@ -329,22 +338,33 @@ def _validate(cfg: Config) -> Config:
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
     _validate_heuristic(cfg.policy)
+    if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:
+        raise ConfigError(
+            f"$.policy.mask_late_germination: run.episode_length {cfg.run.episode_length} is "
+            f"shorter than the {GERMINATE_MIN_STEPS_LEFT} steps a seed needs to blend, so no "
+            "step could germinate"
+        )
     return cfg
+
+
+def _check_blueprint_names(names: list[str], key: str) -> None:
+    """Every name a known blueprint, none listed twice (the bad index named)."""
+    for i, name in enumerate(names):
+        if name not in ALL_BLUEPRINTS:
+            raise ConfigError(
+                f"$.policy.{key}[{i}]: unknown blueprint {name!r} "
+                f"(known: {', '.join(ALL_BLUEPRINTS)})"
+            )
+        if name in names[:i]:
+            raise ConfigError(f"$.policy.{key}[{i}]: {name!r} listed twice")
 
 
 def _validate_heuristic(policy: PolicyConfig) -> None:
     """The heuristic's choices must be values the action heads can encode."""
-    order = policy.heuristic_blueprints
-    if not order:
+    _check_blueprint_names(policy.blueprints, "blueprints")
+    if not policy.heuristic_blueprints:
         raise ConfigError("$.policy.heuristic_blueprints: must name at least one blueprint")
-    for i, name in enumerate(order):
-        if name not in ALL_BLUEPRINTS:
-            raise ConfigError(
-                f"$.policy.heuristic_blueprints[{i}]: unknown blueprint {name!r} "
-                f"(known: {', '.join(ALL_BLUEPRINTS)})"
-            )
-        if name in order[:i]:
-            raise ConfigError(f"$.policy.heuristic_blueprints[{i}]: {name!r} listed twice")
+    _check_blueprint_names(policy.heuristic_blueprints, "heuristic_blueprints")
     if policy.heuristic_tempo not in TEMPOS:
         raise ConfigError(
             f"$.policy.heuristic_tempo: must be one of {list(TEMPOS)}, got {policy.heuristic_tempo}"

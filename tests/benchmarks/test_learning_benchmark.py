@@ -92,10 +92,12 @@ def test_merge_rounds_refuses_more_rounds_than_a_file_has_and_needs_merge(
 
 
 def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> None:
-    """ppo.* settings change only the PPO runs: a PPO-only variant merges with the other
-    policies of a baseline file (--baselines); a (policy, seed) twice is refused."""
+    """ppo.* settings and the policy network's (op prior) change only the PPO runs: a
+    PPO-only variant merges with the other policies of a baseline file (--baselines); a
+    (policy, seed) twice is refused."""
     _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static,ppo", "--name", "base")
-    variant = ("--set", "ppo.entropy_coef=0.02", "--policies", "ppo")
+    prior = ("--set", 'policy.op_prior={"prune": -5.0}')
+    variant = ("--set", "ppo.entropy_coef=0.02", *prior, "--policies", "ppo")
     _run(tmp_path, "--quick", "--seeds", "0", *variant, "--name", "var")
     files = (str(tmp_path / "base.json"), str(tmp_path / "var.json"))
     var: dict[str, Any] = json.loads((tmp_path / "var.json").read_text())
@@ -105,6 +107,7 @@ def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> No
     data: dict[str, Any] = json.loads((tmp_path / "m.json").read_text())
     assert data["experiment"] == "a patched run"
     assert data["overrides"]["ppo.entropy_coef"] == 0.02
+    assert data["overrides"]["policy.op_prior"] == {"prune": -5.0}
     assert data["runs"]["ppo"]["0"]["reward"] == var["runs"]["ppo"]["0"]["reward"]
     assert set(data["runs"]) == {"ppo", "static"}
     assert "ppo-static:reward" in data["summary"]["paired"]

@@ -78,3 +78,42 @@ def test_rejects_impossible_splits() -> None:
         SharedBatchIterator(x, y, n_envs=4, batch_size=2, seed=0)
     with pytest.raises(ValueError, match="targets"):
         SharedBatchIterator(x, y[:2], n_envs=1, batch_size=2, seed=0)
+
+
+def test_without_the_split_every_env_trains_on_the_same_samples() -> None:
+    """env_split off: the env count no longer divides the data; each env sees the same
+    shuffled samples (the first samples_per_env of the epoch's permutation)."""
+    x, y = _data()
+    split = SharedBatchIterator(x, y, n_envs=4, batch_size=8, seed=3)
+    shared = SharedBatchIterator(x, y, n_envs=4, batch_size=8, seed=3, split=False)
+    assert shared.per_env == 103 and split.per_env == 25
+    for step in _collect(shared, 1):
+        assert all(torch.equal(b[1], step[0][1]) and torch.equal(b[0], step[0][0]) for b in step)
+    ids = torch.cat([step[0][1] for step in _collect(shared, 1)])
+    assert sorted(ids.tolist()) == list(range(103))  # the whole set, shuffled
+    assert not torch.equal(ids, torch.cat([s[0][1] for s in _collect(shared, 2)]))
+    capped = SharedBatchIterator(
+        x, y, n_envs=200, batch_size=8, seed=3, split=False, samples_per_env=25
+    )
+    first = torch.cat([step[0][1] for step in _collect(capped, 1)])
+    assert torch.equal(first, ids[:25])  # a prefix of the same permutation
+    assert len(_collect(capped, 1)[0]) == 200  # more envs than samples is fine without the split
+
+
+def test_rank_shards_without_the_split_see_the_same_samples() -> None:
+    from esper.training.distributed import RankShardIterator
+
+    x, y = _data()
+    kwargs = dict(batch_size=8, seed=3, samples_per_env=20, device=torch.device("cpu"))
+    one = SharedBatchIterator(x, y, n_envs=4, split=False, **kwargs)  # type: ignore[arg-type]
+    rank1 = RankShardIterator(
+        x,
+        y,
+        n_envs=2,
+        env_offset=2,
+        n_global=4,
+        channels_last=False,
+        split=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert torch.equal(rank1.epoch_indices(0), one.epoch_indices(0)[2:4])

@@ -188,3 +188,17 @@ def test_stack_index_flatten_and_host_roundtrip() -> None:
     assert np.array_equal(host["blueprint"], flat.blueprint.numpy())
     with pytest.raises(ValueError):
         stack_masks([])
+
+
+def test_germination_deadline_masks_only_germinate() -> None:
+    from esper.core.constants import GERMINATE_MIN_STEPS_LEFT
+
+    env = [report("a"), report("b")]
+    sp = ActionSpace(("a", "b"), Topology.CNN)
+    for steps_left, germinate in [
+        (None, True),
+        (GERMINATE_MIN_STEPS_LEFT, True),
+        (GERMINATE_MIN_STEPS_LEFT - 1, False),
+    ]:
+        m = compute_masks([env], sp, max_seeds=3, device="cpu", steps_left=steps_left)[0]
+        assert valid_ops(m) == ({Op.WAIT, Op.GERMINATE} if germinate else {Op.WAIT})

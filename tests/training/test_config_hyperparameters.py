@@ -143,6 +143,8 @@ def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) ->
         ("heuristic_blueprints", [], "at least one"),
         ("heuristic_blueprints", ["conv_heavy", "wide"], "heuristic_blueprints[1]: unknown"),
         ("heuristic_blueprints", ["norm", "norm"], "heuristic_blueprints[1]: 'norm' listed twice"),
+        ("blueprints", ["conv_heavy", "wide"], "$.policy.blueprints[1]: unknown blueprint 'wide'"),
+        ("blueprints", ["mlp", "mlp"], "$.policy.blueprints[1]: 'mlp' listed twice"),
         ("heuristic_tempo", 4, "heuristic_tempo: must be one of [3, 5, 8]"),
         ("heuristic_alpha_target", 0.6, "heuristic_alpha_target: must be one of"),
     ],
@@ -184,3 +186,31 @@ def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
     assert intra_op_threads(0) == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
     assert intra_op_threads(0) == 1
+
+
+def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
+    """The menu reaches the action space (masks, hence PPO, heuristic and random)."""
+    from esper.config import ConfigError, config_from_dict
+    from esper.core.constants import ALL_BLUEPRINTS
+    from esper.data.tasks import load_task
+    from esper.training.run import action_space_for
+
+    cfg = config_from_dict({"policy": {"blueprints": ["conv_heavy", "norm"]}})
+    data = load_task(cfg.task, seed=0)
+    space = action_space_for(cfg, data)
+    offered = {name for name, ok in zip(ALL_BLUEPRINTS, space.blueprint_valid, strict=True) if ok}
+    assert offered == {"conv_heavy", "norm"}
+    assert sum(action_space_for(config_from_dict({}), data).blueprint_valid) > len(offered)
+    transformer_only = config_from_dict({"policy": {"blueprints": ["lora"]}})
+    with pytest.raises(ConfigError, match=re.escape("$.policy.blueprints: none of the blueprints")):
+        action_space_for(transformer_only, data)
+
+
+def test_a_germination_deadline_longer_than_the_episode_is_refused() -> None:
+    from esper.config import ConfigError, config_from_dict
+
+    with pytest.raises(
+        ConfigError, match=re.escape("$.policy.mask_late_germination: run.episode_length 12")
+    ):
+        config_from_dict({"policy": {"mask_late_germination": True}, "run": {"episode_length": 12}})
+    config_from_dict({"policy": {"mask_late_germination": True}, "run": {"episode_length": 13}})

@@ -185,3 +185,58 @@ def test_auto_advance_grows_a_seed_from_one_germinate_and_masks_early_advance() 
         (SeedStage.TRAINING, Initiator.SYSTEM),
         (SeedStage.BLENDING, Initiator.SYSTEM),
     ]
+
+
+def _alpha_at_last_validation(
+    germinate_at: int, horizon: int, *, auto: bool, deadline: bool = True
+) -> float:
+    """One env germinates at ``germinate_at`` and passes each gate as early as allowed
+    (by auto-advance, or by the policy's ADVANCE as soon as it is offered)."""
+    cfg = _config(
+        **{
+            "host.auto_advance": auto,
+            "run.episode_length": horizon,
+            "run.n_envs": 1,
+            "policy.mask_late_germination": deadline,
+        }
+    )
+    envs = _envs(cfg)
+    envs.reset(0)
+    slot = envs.space.slot_ids[0]
+    alpha = 0.0
+    for step in range(horizon):
+        envs.advance(0, step, PhaseTimes())
+        alpha = envs.states[0].model.slot(slot).alpha.alpha
+        masks = envs.observe(step).masks
+        germinate_ok = bool(masks.slot[0, LifecycleOp.GERMINATE, 0])
+        if step == germinate_at:
+            assert germinate_ok or not deadline
+            action = _germinate(envs)
+        elif bool(masks.slot[0, LifecycleOp.ADVANCE, 0]) and not auto:
+            action = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=slot)
+        else:
+            action = DecodedAction(op=LifecycleOp.WAIT)
+        envs.step([action], step)
+    return alpha
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_the_germination_deadline_is_the_last_step_whose_seed_can_blend(auto: bool) -> None:
+    """policy.mask_late_germination: GERMINATE is offered up to GERMINATE_MIN_STEPS_LEFT
+    steps before the end, and a seed germinated then blends (alpha > 0 at the last
+    validation) even when every gate passes as early as it can; one step later it could
+    not, and GERMINATE is masked."""
+    from esper.core.constants import GERMINATE_MIN_STEPS_LEFT
+
+    horizon = GERMINATE_MIN_STEPS_LEFT + 2
+    last = horizon - GERMINATE_MIN_STEPS_LEFT
+    assert _alpha_at_last_validation(last, horizon, auto=auto) > 0.0
+    assert _alpha_at_last_validation(last + 1, horizon, auto=auto, deadline=False) == 0.0
+    cfg = _config(**{"run.episode_length": horizon, "policy.mask_late_germination": True})
+    envs = _envs(cfg)
+    envs.reset(0)
+    for step in range(horizon):
+        envs.advance(0, step, PhaseTimes())
+        offered = bool(envs.observe(step).masks.op[0, LifecycleOp.GERMINATE])
+        assert offered == (step <= last)
+        envs.step([DecodedAction(op=LifecycleOp.WAIT)] * N_ENVS, step)

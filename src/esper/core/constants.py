@@ -15,6 +15,11 @@ EMBARGO_EPOCHS: Final = 5
 RESETTING_EPOCHS: Final = 1
 MIN_PRUNE_AGE: Final = 5
 G2_MIN_TRAINING_EPOCHS: Final = 10
+#: Steps an episode must still have (this one included) for a seed germinated now to
+#: blend at all before its last validation: one epoch to pass G1, G2's minimum training
+#: epochs, one to pass G2 and one for alpha to leave 0 (measured through HostEnvs with
+#: auto-advance and with the earliest policy ADVANCEs: tests/training/test_envs.py).
+GERMINATE_MIN_STEPS_LEFT: Final = G2_MIN_TRAINING_EPOCHS + 3
 G2_MIN_GRADIENT_HEALTH: Final = 0.7
 G2_STRICT_MIN_IMPROVEMENT_PP: Final = 0.5
 G2_STRICT_MIN_GRAD_RATIO: Final = 0.10

@@ -4,7 +4,9 @@ The training set is preloaded on the device once. Every epoch draws one permutat
 from a ``torch.Generator`` seeded with ``seed + epoch`` (so epoch e is the same
 whatever happened before it, e.g. after a resume), gathers the used samples with a
 single index operation, and gives env i the i-th contiguous share: within an epoch no
-two envs see the same sample, and every env gets the same number of batches.
+two envs see the same sample, and every env gets the same number of batches. Without
+the split (``split=False``) every env trains on the same samples, so the env count can
+grow without shrinking what each host learns from.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def val_batches(
 
 
 class SharedBatchIterator:
-    """Splits each epoch's shuffled training set across ``n_envs`` envs."""
+    """Splits each epoch's shuffled training set across ``n_envs`` envs (or, with
+    ``split=False``, gives each env the same samples)."""
 
     def __init__(
         self,
@@ -54,20 +57,22 @@ class SharedBatchIterator:
         samples_per_env: int | None = None,
         device: torch.device | str = "cpu",
         channels_last: bool = False,
+        split: bool = True,
     ) -> None:
         n = train_y.shape[0]
         if train_x.shape[0] != n:
             raise ValueError(f"{train_x.shape[0]} inputs but {n} targets")
         if n_envs < 1 or batch_size < 1:
             raise ValueError("n_envs and batch_size must be >= 1")
-        if n < n_envs:
+        if split and n < n_envs:
             raise ValueError(f"{n} training samples cannot be split across {n_envs} envs")
         self.n_envs = n_envs
         self.batch_size = batch_size
         self.seed = seed
         self.device = torch.device(device)
         self.channels_last = channels_last
-        share = n // n_envs
+        self.split = split
+        share = n // n_envs if split else n
         self.per_env = share if samples_per_env is None else min(share, samples_per_env)
         self.train_x = train_x.to(self.device)
         self.train_y = train_y.to(self.device)
@@ -79,22 +84,32 @@ class SharedBatchIterator:
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    def epoch_indices(self, epoch_index: int) -> Tensor:
-        """[n_envs, per_env] sample indices of an epoch (CPU), row i for env i."""
+    def epoch_rows(self, epoch_index: int, n_rows: int) -> Tensor:
+        """[n_rows, per_env] sample indices of an epoch (CPU): the first ``n_rows`` shares
+        of its permutation, or its first ``per_env`` samples in every row without the split."""
         gen = torch.Generator().manual_seed(self.seed + epoch_index)
         perm = torch.randperm(self.train_y.shape[0], generator=gen)
-        return perm[: self.n_envs * self.per_env].view(self.n_envs, self.per_env)
+        if not self.split:
+            return perm[: self.per_env].expand(n_rows, self.per_env)
+        return perm[: n_rows * self.per_env].view(n_rows, self.per_env)
+
+    def epoch_indices(self, epoch_index: int) -> Tensor:
+        """[n_envs, per_env] sample indices of an epoch (CPU), row i for env i."""
+        return self.epoch_rows(epoch_index, self.n_envs)
 
     def epoch(self, epoch_index: int) -> Iterator[list[Batch]]:
         """Per step, one (x, y) batch per env; the last batch may be smaller."""
-        idx = self.epoch_indices(epoch_index).reshape(-1).to(self.device)
+        rows = self.epoch_indices(epoch_index)
+        # Without the split every row is the same: gather it once, every env slices it.
+        idx, stride = (rows.reshape(-1), self.per_env) if self.split else (rows[0], 0)
+        idx = idx.to(self.device)
         x = _layout(self.train_x.index_select(0, idx), self.channels_last)
         y = self.train_y.index_select(0, idx)
         for start in range(0, self.per_env, self.batch_size):
             stop = min(start + self.batch_size, self.per_env)
             batches = []
             for env in range(self.n_envs):
-                lo, hi = env * self.per_env + start, env * self.per_env + stop
+                lo, hi = env * stride + start, env * stride + stop
                 batches.append((x[lo:hi], y[lo:hi]))  # dim-0 slices keep channels-last strides
             yield batches
 

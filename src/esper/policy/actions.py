@@ -51,16 +51,24 @@ def head_sizes(n_slots: int) -> dict[str, int]:
 
 
 class ActionSpace(msgspec.Struct, frozen=True):
-    """The slots a host offers (in head order) and its topology (which blueprints exist)."""
+    """The slots a host offers (in head order), its topology (which blueprints exist) and
+    the blueprints the policy may germinate (``None``: all the topology offers)."""
 
     slot_ids: tuple[str, ...]
     topology: Topology
+    blueprints: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.slot_ids:
             raise ValueError("an action space needs at least one slot")
         if len(set(self.slot_ids)) != len(self.slot_ids):
             raise ValueError(f"duplicate slot ids: {self.slot_ids}")
+        if self.blueprints is not None and not any(self.blueprint_valid):
+            offered = ", ".join(TOPOLOGY_BLUEPRINTS[self.topology])
+            raise ValueError(
+                f"none of the blueprints {list(self.blueprints)} is offered by a "
+                f"{self.topology.value} host (it offers: {offered})"
+            )
 
     @property
     def n_slots(self) -> int:
@@ -72,8 +80,10 @@ class ActionSpace(msgspec.Struct, frozen=True):
 
     @property
     def blueprint_valid(self) -> tuple[bool, ...]:
-        """Per blueprint-head index: does the host topology have this blueprint?"""
+        """Per blueprint-head index: may this host's policy germinate this blueprint?"""
         allowed = set(TOPOLOGY_BLUEPRINTS[self.topology])
+        if self.blueprints is not None:
+            allowed &= set(self.blueprints)
         return tuple(name in allowed for name in ALL_BLUEPRINTS)
 
     def slot_index(self, slot_id: str) -> int:

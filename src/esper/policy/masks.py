@@ -4,7 +4,10 @@ An action cannot succeed when the lifecycle forbids it (no seed to prune, a slot
 or when its gate is certain to refuse it by the gate's timing rules: ADVANCE of a
 TRAINING seed before G2's minimum epochs, or of a resting blend whose target is not
 alpha 1 (G3). Such an ADVANCE only ever earns the invalid-action penalty, and learning
-that from the reward cost PPO several refusals per episode (docs/training.md).
+that from the reward cost PPO several refusals per episode (docs/training.md). With a
+``steps_left`` deadline, GERMINATE is also masked once too few steps remain for the seed
+to blend before the episode's last validation: under the true-terminal episode end such
+a seed can only cost parameters.
 
 The slot reports already live on the host, so the rules are evaluated there as numpy
 arrays over [N envs, S slots] and moved to the policy device in a single transfer. The
@@ -26,6 +29,7 @@ from esper.core.constants import (
     ALPHA_TARGETS,
     G2_MIN_TRAINING_EPOCHS,
     GERMINATE_BLOCKING,
+    GERMINATE_MIN_STEPS_LEFT,
     HEAD_NAMES,
     MIN_PRUNE_AGE,
     OCCUPYING,
@@ -138,9 +142,16 @@ def order_reports(env_reports: Sequence[SlotReport], space: ActionSpace) -> Sequ
 
 
 def build_mask_arrays(
-    reports: Sequence[Sequence[SlotReport]], space: ActionSpace, *, max_seeds: int
+    reports: Sequence[Sequence[SlotReport]],
+    space: ActionSpace,
+    *,
+    max_seeds: int,
+    steps_left: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B]."""
+    """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B].
+
+    ``steps_left``: steps of the episode still to play, this one included (``None``: no
+    germination deadline)."""
     n, s = len(reports), space.n_slots
     rows = [
         (
@@ -161,7 +172,8 @@ def build_mask_arrays(
 
     blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
     under_limit = np.isin(stage, _codes(OCCUPYING)).sum(axis=1) < max_seeds
-    can_germinate = (~blocked & under_limit)[:, None]
+    in_time = steps_left is None or steps_left >= GERMINATE_MIN_STEPS_LEFT
+    can_germinate = (~blocked & under_limit & in_time)[:, None]
     blending = stage == STAGE_CODE[SeedStage.BLENDING]
 
     slot = np.zeros((n, N_OPS, s), dtype=bool)
@@ -191,9 +203,10 @@ def compute_masks(
     *,
     max_seeds: int,
     device: torch.device | str,
+    steps_left: int | None = None,
 ) -> ActionMasks:
     """Masks for all envs: rules evaluated on the host, one host-to-device transfer."""
-    arrays = build_mask_arrays(reports, space, max_seeds=max_seeds)
+    arrays = build_mask_arrays(reports, space, max_seeds=max_seeds, steps_left=steps_left)
     n, sizes = len(reports), space.head_sizes
     packed_np = np.concatenate(
         [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]], axis=1

@@ -310,18 +310,17 @@ class RankShardIterator(SharedBatchIterator):
     def __init__(
         self, train_x: Tensor, train_y: Tensor, *, n_envs: int, env_offset: int, n_global: int,
         batch_size: int, seed: int, samples_per_env: int | None, device: torch.device,
-        channels_last: bool,
+        channels_last: bool, split: bool = True,
     ) -> None:  # fmt: skip
         super().__init__(
             train_x, train_y, n_envs=n_global, batch_size=batch_size, seed=seed,
             samples_per_env=samples_per_env, device=device, channels_last=channels_last,
+            split=split,
         )  # fmt: skip
         self.n_global, self.env_offset, self.n_envs = n_global, env_offset, n_envs
 
     def epoch_indices(self, epoch_index: int) -> Tensor:
-        gen = torch.Generator().manual_seed(self.seed + epoch_index)
-        perm = torch.randperm(self.train_y.shape[0], generator=gen)
-        rows = perm[: self.n_global * self.per_env].view(self.n_global, self.per_env)
+        rows = self.epoch_rows(epoch_index, self.n_global)
         return rows[self.env_offset : self.env_offset + self.n_envs]
 
 

@@ -119,6 +119,7 @@ class HostEnvs:
             batch_size=cfg.task.batch_size,
             seed=cfg.run.seed,
             samples_per_env=cfg.task.train_samples_per_env,
+            split=cfg.task.env_split,
             device=self.factory.devices[0],
             channels_last=cfg.task.channels_last,
         )
@@ -155,8 +156,13 @@ class HostEnvs:
         """Features and action masks of all envs, batched on the policy's device."""
         envs = self.states
         reports = [env.model.slot_reports() for env in envs]
+        deadline = self.cfg.policy.mask_late_germination
         masks = compute_masks(
-            reports, self.space, max_seeds=self.cfg.host.max_seeds, device=self.policy_device
+            reports,
+            self.space,
+            max_seeds=self.cfg.host.max_seeds,
+            device=self.policy_device,
+            steps_left=self.horizon - step if deadline else None,
         )
         trackers = [e.tracker for e in envs]
         obs, bp_ids = build_features(

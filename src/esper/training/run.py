@@ -136,13 +136,15 @@ def default_run_id(cfg: Config) -> str:
 
 
 def _check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
-    """Each env (of every rank) trains on its own share of the data: one sample each."""
+    """Each env (of every rank) trains on its own share of the data: one sample each
+    (unless ``task.env_split`` is off: then every env trains on the same samples)."""
     n_train = int(data.train_y.shape[0])
-    if cfg.run.n_envs * world_size > n_train:
+    if cfg.task.env_split and cfg.run.n_envs * world_size > n_train:
         ranks = f" x {world_size} ranks" if world_size > 1 else ""
         raise ConfigError(
             f"--envs {cfg.run.n_envs}{ranks} (run.n_envs): task {cfg.task.name.value!r} has "
-            f"{n_train} training samples, so at most {n_train} envs (one sample each)"
+            f"{n_train} training samples, so at most {n_train} envs (one sample each; "
+            "task.env_split = false gives every env the same samples)"
         )
 
 
@@ -152,7 +154,11 @@ def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
         probe = build_model(cfg.host, data.spec, seed=cfg.run.seed)
     except ValueError as exc:  # e.g. host.slots naming a slot this host does not have
         raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
-    return ActionSpace(slot_ids=probe.slot_ids, topology=probe.topology)
+    blueprints = tuple(cfg.policy.blueprints) or None
+    try:
+        return ActionSpace(slot_ids=probe.slot_ids, topology=probe.topology, blueprints=blueprints)
+    except ValueError as exc:
+        raise ConfigError(f"$.policy.blueprints: {exc}") from None
 
 
 def train(
