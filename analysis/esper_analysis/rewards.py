@@ -73,10 +73,7 @@ class _Partials:
     a roll-up of these partials, so the large frame is converted and grouped once."""
 
     def __init__(self, df: pl.DataFrame) -> None:
-        group, n = _group_codes(df, _FINE)
-        first = np.empty(n, dtype=np.int64)
-        first[group] = np.arange(df.height)  # some row of each group: its keys are the group's
-        self.keys = df[first].select(_FINE)
+        group, n, self.keys = _grouped(df, _FINE)
         self.rows = np.bincount(group, minlength=n)
         self.sums: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
@@ -130,6 +127,15 @@ def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     return group, n
 
 
+def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
+    """Group id per row, the number of groups, and each group's key values (taken from
+    some row of the group: they are the same in all of its rows)."""
+    group, n = _group_codes(df, keys)
+    first = np.empty(n, dtype=np.int64)
+    first[group] = np.arange(df.height)
+    return group, n, df[first].select(keys)
+
+
 def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> pl.DataFrame:
     """Row count plus the sum (or mean, over non-null values) of every component and of
     the total per key, rolled up from the partials in their fixed order. Nulls (a
@@ -139,9 +145,7 @@ def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> 
         empty = [pl.Series("rows", [], dtype=pl.UInt32)]
         empty += [pl.Series(c, [], dtype=pl.Float64) for c in _SUMMED]
         return fine.select(keys).with_columns(empty)
-    group, n = _group_codes(fine, keys)
-    first = np.empty(n, dtype=np.int64)
-    first[group] = np.arange(fine.height)
+    group, n, key_values = _grouped(fine, keys)
     out = [
         pl.Series("rows", np.bincount(group, weights=partials.rows, minlength=n), dtype=pl.UInt32)
     ]
@@ -153,7 +157,7 @@ def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> 
         present = np.bincount(group, weights=partials.present[c], minlength=n)
         means = np.divide(total, present, out=np.zeros(n), where=present > 0)
         out.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
-    return fine[first].select(keys).with_columns(out)
+    return key_values.with_columns(out)
 
 
 def _with_check(lf: pl.LazyFrame) -> pl.LazyFrame:

@@ -337,6 +337,7 @@ def _validate(cfg: Config) -> Config:
             )
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
+    _check_blueprint_names(cfg.policy.blueprints, "blueprints")
     _validate_heuristic(cfg.policy)
     if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:
         raise ConfigError(
@@ -361,7 +362,6 @@ def _check_blueprint_names(names: list[str], key: str) -> None:
 
 def _validate_heuristic(policy: PolicyConfig) -> None:
     """The heuristic's choices must be values the action heads can encode."""
-    _check_blueprint_names(policy.blueprints, "blueprints")
     if not policy.heuristic_blueprints:
         raise ConfigError("$.policy.heuristic_blueprints: must name at least one blueprint")
     _check_blueprint_names(policy.heuristic_blueprints, "heuristic_blueprints")
