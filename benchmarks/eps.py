@@ -1,8 +1,10 @@
 """EPS of the real trainer against the floor (the plainest loop over the same host work).
 
 For each task and n_envs: a warm-up, then ``--repeats`` rounds of measurements in which
-the trainer and the floor alternate (which goes first rotates), and the median of each
-is reported with their ratio (trainer EPS / floor EPS). The trainer runs at telemetry
+the variants alternate (which goes first rotates), and the median of each is reported
+with its ratio to the floor. Variants: ``trainer`` (per-env host passes), ``batched``
+(the trainer with ``run.batch_envs``: same-structure envs as one vmapped graph) and
+``floor``; ``--variants`` picks some. The trainer runs at telemetry
 level ``normal`` by default (``--level``), writing a real run directory. The workloads
 are the presets of :mod:`_trainer` (see ``benchmarks/README.md`` for the sizes).
 
@@ -34,15 +36,17 @@ DEFAULT_REPEATS = 3
 PROFILE_ROWS = 30
 #: Floor ratios below this get a "where the time goes" explanation (issue 8).
 FLOOR_RATIO_TARGET = 0.8
-VARIANTS = ("trainer", "floor")
+VARIANTS = ("trainer", "batched", "floor")
 COLUMNS = (
     "task",
     "n_envs",
     "epochs",
     "rounds",
     "trainer EPS",
+    "batched EPS",
     "floor EPS",
     "ratio",
+    "batched ratio",
     "paired",
     "CPU",
 )
@@ -56,7 +60,17 @@ def parse_args(argv: list[str] | None) -> Any:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--profile", action="store_true", help="cProfile one trainer run per task")
+    p.add_argument(
+        "--variants",
+        type=C.csv_list(str),
+        default=list(VARIANTS),
+        help=f"which of {','.join(VARIANTS)} to run (the floor always runs)",
+    )
     args = p.parse_args(argv)
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad:
+        p.error(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    args.variants = [v for v in VARIANTS if v in args.variants or v == "floor"]
     unknown = [t for t in args.tasks if t not in T.PRESETS]
     if unknown:
         p.error(f"unknown task preset(s) {unknown}; choose from {sorted(T.PRESETS)}")
@@ -67,13 +81,15 @@ def parse_args(argv: list[str] | None) -> Any:
 
 
 def _measure(variant: str, cfg: Any, data: Any) -> T.Measurement:
-    return T.run_trainer(cfg, data) if variant == "trainer" else T.run_floor(cfg, data)
+    if variant == "floor":
+        return T.run_floor(cfg, data)
+    return T.run_trainer(with_overrides(cfg, {"run.batch_envs": variant == "batched"}), data)
 
 
-def _warm_up(cfg: Any, data: Any) -> None:
+def _warm_up(cfg: Any, data: Any, variants: list[str]) -> None:
     """One short unmeasured run of each (first-call kernel setup, allocator growth)."""
     tiny = with_overrides(cfg, {"run.episode_length": 2, "run.rounds": 1})
-    for variant in VARIANTS:
+    for variant in variants:
         _measure(variant, tiny, data)
 
 
@@ -88,15 +104,15 @@ def measure_config(task: str, n_envs: int, args: Any) -> dict[str, Any]:
     )
     data = T.load_data(cfg)
     if not args.quick:
-        _warm_up(cfg, data)
-    samples: dict[str, list[T.Measurement]] = {v: [] for v in VARIANTS}
+        _warm_up(cfg, data, args.variants)
+    samples: dict[str, list[T.Measurement]] = {v: [] for v in args.variants}
     for rep in range(args.repeats):
-        for variant in C.alternate(VARIANTS, rep):
+        for variant in C.alternate(args.variants, rep):
             m = _measure(variant, cfg, data)
             samples[variant].append(m)
             print(f"  {task} n_envs={n_envs} rep {rep}: {variant} {m.eps:.2f} EPS", flush=True)
     out: dict[str, Any] = {"task": task, "config": T.describe(cfg)}
-    for variant in VARIANTS:
+    for variant in args.variants:
         eps = [m.eps for m in samples[variant]]
         mid = sorted(samples[variant], key=lambda m: m.eps)[len(eps) // 2]
         out[variant] = {
@@ -105,11 +121,25 @@ def measure_config(task: str, n_envs: int, args: Any) -> dict[str, Any]:
             "cpu_eps": C.median([m.cpu_eps for m in samples[variant]]),
             "phases_ms": mid.phases_ms,
         }
-    pairs = zip(samples["trainer"], samples["floor"], strict=True)
-    out["ratio"] = C.ratio(out["trainer"]["eps"], out["floor"]["eps"])
-    out["paired_ratios"] = [C.ratio(t.eps, f.eps) for t, f in pairs]
-    out["cpu_ratio"] = C.ratio(out["trainer"]["cpu_eps"], out["floor"]["cpu_eps"])
+    floor = out["floor"]
+    for variant, key in (("trainer", "ratio"), ("batched", "batched_ratio")):
+        if variant in out:
+            out[key] = C.ratio(out[variant]["eps"], floor["eps"])
+    if "trainer" in out:
+        pairs = zip(samples["trainer"], samples["floor"], strict=True)
+        out["paired_ratios"] = [C.ratio(t.eps, f.eps) for t, f in pairs]
+        out["cpu_ratio"] = C.ratio(out["trainer"]["cpu_eps"], floor["cpu_eps"])
     return out
+
+
+def _cell(result: dict[str, Any], *keys: str) -> Any:
+    """A nested value of a result, or "-" for a variant that was not run."""
+    value: Any = result
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return "-"
+        value = value[key]
+    return value
 
 
 def profile_trainer(task: str, args: Any) -> list[dict[str, Any]]:
@@ -160,16 +190,19 @@ def main(argv: list[str] | None = None) -> int:
             r["config"]["n_envs"],
             r["config"]["episode_length"],
             r["config"]["rounds"],
-            r["trainer"]["eps"],
+            _cell(r, "trainer", "eps"),
+            _cell(r, "batched", "eps"),
             r["floor"]["eps"],
-            r["ratio"],
-            C.median(r["paired_ratios"]),
-            r["cpu_ratio"],
+            _cell(r, "ratio"),
+            _cell(r, "batched_ratio"),
+            C.median(r["paired_ratios"]) if "paired_ratios" in r else "-",
+            _cell(r, "cpu_ratio"),
         ]
         for r in results
     ]
     print(
-        "ratio = median trainer EPS / median floor EPS; paired = median of the per-repeat "
+        "ratio = median trainer EPS / median floor EPS (batched ratio: the same for "
+        "run.batch_envs); paired = median of the per-repeat "
         "ratios (adjacent runs); CPU = the same from process CPU time (steadier under load)"
     )
     C.print_table(
@@ -179,14 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     C.print_table(
         "Where the time goes (median run; trainer phases from its round_finished events)",
-        ["task", "n_envs", "trainer", "floor"],
+        ["task", "n_envs", *args.variants],
         [
-            [
-                r["task"],
-                r["config"]["n_envs"],
-                _phase_text(r["trainer"]["phases_ms"]),
-                _phase_text(r["floor"]["phases_ms"]),
-            ]
+            [r["task"], r["config"]["n_envs"]]
+            + [_phase_text(r[v]["phases_ms"]) for v in args.variants]
             for r in results
         ],
     )
@@ -200,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "below_target": [
             f"{r['task']}/n_envs={r['config']['n_envs']}"
             for r in results
-            if r["ratio"] < FLOOR_RATIO_TARGET
+            if r.get("ratio", FLOOR_RATIO_TARGET) < FLOOR_RATIO_TARGET
         ],
     }
     if args.profile:

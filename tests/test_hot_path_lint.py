@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "esper"
 HOT_MODULES = [
     "training/trainer.py",
     "training/batch_ops.py",
+    "training/host_batching.py",
     "training/action_execution.py",
     "training/env_factory.py",
     "training/env_state.py",

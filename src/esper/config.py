@@ -290,6 +290,10 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: CUDA only: float32 matmuls and convolutions on TF32 tensor cores (ignored on CPU,
     #: where runs stay bit-identical).
     tf32: bool = True
+    #: Train envs whose host networks share one structure as one batched graph
+    #: (``training/host_batching.py``). For GPUs, where per-env launches dominate; CPU
+    #: results equal the per-env path up to float summation order. CNN hosts only.
+    batch_envs: bool = False
 
 
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

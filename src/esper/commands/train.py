@@ -100,6 +100,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="torch.compile the policy (default: off)",
     )
     parser.add_argument(
+        "--batch-envs",
+        action="store_true",
+        default=None,
+        help="train same-structure envs' hosts as one batched graph, for GPUs (default: off)",
+    )
+    parser.add_argument(
         "--save", metavar="PATH", help="checkpoint path (default: <run dir>/checkpoint.pt)"
     )
     parser.add_argument(
@@ -156,6 +162,7 @@ _OVERRIDES = {
     "env_devices": "run.env_devices",
     "amp": "run.amp",
     "compile": "policy.compile",
+    "batch_envs": "run.batch_envs",
 }
 
 

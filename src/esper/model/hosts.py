@@ -78,6 +78,15 @@ class ConvBlock(nn.Sequential):
         )
 
 
+class GlobalAvgPool(nn.Module):
+    """Mean over the spatial dims, keeping them (bitwise ``AdaptiveAvgPool2d(1)``, which
+    reduces to this mean, but without its layout fix-up that ``vmap`` can only run as a
+    per-env loop: the batched host path needs every op to have a batching rule)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
 class CNNHost(HostNetwork):
     """Convolutional host for C x H x W images (works from 8x8 digits to 32x32 colour)."""
 
@@ -100,7 +109,7 @@ class CNNHost(HostNetwork):
                 size //= POOL
             c_in = c_out
         self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)
+            GlobalAvgPool(), nn.Flatten(), nn.Linear(c_in, num_classes)
         )
         self.positions = self._positions(ids_widths)
 

@@ -44,14 +44,15 @@ class EnvStepStats:
     extra: tuple[float, ...] = ()  # debug-level per-layer stats, LAYER_STAT_FIELDS per layer
 
 
-def _stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
+def stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
     if env.stream is None:
         return contextlib.nullcontext()
     return torch.cuda.stream(env.stream)
 
 
-def _autocast(env: EnvState, amp: AmpMode) -> contextlib.AbstractContextManager[object]:
-    if amp == AmpMode.OFF or env.device.type != "cuda":
+def autocast(device: torch.device, amp: AmpMode) -> contextlib.AbstractContextManager[object]:
+    """Mixed precision on CUDA (fp16/bf16); a no-op otherwise."""
+    if amp == AmpMode.OFF or device.type != "cuda":
         return contextlib.nullcontext()
     dtype = torch.float16 if amp == AmpMode.FP16 else torch.bfloat16
     return torch.autocast(device_type="cuda", dtype=dtype)
@@ -73,7 +74,7 @@ def _prepare_inputs(
     return x, y
 
 
-def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean loss and correct count; language models are scored per token."""
     flat = logits.reshape(-1, logits.shape[-1])
     target = y.reshape(-1)
@@ -93,9 +94,9 @@ def train_batch(
     """Forward, backward, clip, host + seed optimizer steps; accumulate on device."""
     x, y = _prepare_inputs(env, x, y, opts)
     model = env.model
-    with _autocast(env, opts.amp):
+    with autocast(env.device, opts.amp):
         logits = model(x)
-        loss, correct = _loss_and_correct(logits, y)
+        loss, correct = loss_and_correct(logits, y)
     loss_t: torch.Tensor = loss
     if inject_nan:
         loss_t = loss_t * math.nan
@@ -147,7 +148,7 @@ def train_epoch(
         # CUDA: interleave envs batch by batch so every env's stream has queued work.
         for per_env in steps:
             for env, (x, y) in zip(envs, per_env, strict=True):
-                with _stream_ctx(env):
+                with stream_ctx(env):
                     train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
     else:
         # CPU: envs are independent, so each trains its whole share before the next
@@ -159,9 +160,9 @@ def train_epoch(
     for env in envs:
         # The epoch's last batch left its (clipped) gradients in ``.grad``: measure them
         # once per epoch, on device, instead of after every batch.
-        with _stream_ctx(env):
+        with stream_ctx(env):
             env.last_grad_norms = env.model.grad_norms()
-    _synchronize(envs)
+    synchronize(envs)
 
 
 def validate_fused(
@@ -182,11 +183,11 @@ def validate_fused(
         k = 1 if alpha is None else alpha.shape[0]
         lay = val_layout(k)
         acc = torch.zeros(lay.width, device=env.device)
-        with _stream_ctx(env), torch.inference_mode():
+        with stream_ctx(env), torch.inference_mode():
             alpha_dev = None if alpha is None else alpha.to(env.device, non_blocking=True)
             for x, y in val_batches:
                 x, y = _prepare_inputs(env, x, y, opts)
-                with _autocast(env, opts.amp):
+                with autocast(env.device, opts.amp):
                     if alpha_dev is None:
                         logits = env.model(x).unsqueeze(0)
                     else:
@@ -199,7 +200,7 @@ def validate_fused(
                 hits = logits.argmax(dim=-1) == y.unsqueeze(0)
                 acc[lay["correct"]] += hits.reshape(k, -1).sum(dim=1)
         results.append(acc)
-    _synchronize(envs)
+    synchronize(envs)
     return results
 
 
@@ -282,7 +283,7 @@ def _unpack(host: list[float], layouts: Sequence[Layout]) -> list[EnvStepStats]:
     return out
 
 
-def _synchronize(envs: Sequence[EnvState]) -> None:
+def synchronize(envs: Sequence[EnvState]) -> None:
     """One synchronise per env stream per pass (no-op on CPU)."""
     for env in envs:
         if env.stream is not None:

@@ -59,6 +59,7 @@ from esper.training.env_results import (
 )
 from esper.training.env_state import EnvState
 from esper.training.faults import FaultPlan, InjectedDataError
+from esper.training.host_batching import train_epoch_batched
 from esper.training.rewards import compute_reward
 from esper.training.step_rewards import build_reward_inputs
 
@@ -216,9 +217,8 @@ class HostEnvs:
         if self.faults.data_error(rnd, step):
             raise InjectedDataError(f"injected data-loader failure at round {rnd}, step {step}")
         nan_envs = frozenset(e.index for e in envs if self.faults.nan_loss(rnd, step, e.index))
-        train_epoch(
-            envs, self.iterator.epoch(rnd * self.horizon + step), self.opts, nan_envs=nan_envs
-        )
+        epoch = train_epoch_batched if self.cfg.run.batch_envs else train_epoch
+        epoch(envs, self.iterator.epoch(rnd * self.horizon + step), self.opts, nan_envs=nan_envs)
         t1 = time.perf_counter()
         plans = [self._ablation_plan(env) for env in envs]
         alphas = [torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans]

@@ -1,0 +1,268 @@
+"""The batched host path (``run.batch_envs``) against the per-env path, on CPU.
+
+Two identical sets of envs get the same lifecycle script (germinations in the same and
+in different slots, blends at different alphas, a prune, a rollback); one set trains
+per env, the other with same-structure envs stacked. After every epoch parameters,
+buffers, momentum, train sums and gradient norms must agree up to float summation
+order, and a NaN loss in one env must leave the others of its group untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from esper.config import Config, with_overrides
+from esper.core.enums import (
+    AmpMode,
+    TelemetryLevel,
+    GerminationStyle,
+    Initiator,
+    PruneReason,
+    RollbackReason,
+    SeedStage,
+)
+from esper.data.iterator import SharedBatchIterator
+from esper.data.tasks import TaskData, load_task
+from esper.training.action_execution import sync_seed_optimizers
+from esper.training.batch_ops import PassOptions, train_epoch
+from esper.training.env_factory import EnvFactory
+from esper.training.env_state import EnvState
+from esper.telemetry.events import event_tag
+from esper.telemetry.hub import MemoryHub
+from esper.training.faults import Fault, FaultKind, FaultPlan
+from esper.training.host_batching import group_envs, structure_key, train_epoch_batched
+from esper.training.run import train
+
+N_ENVS = 4
+SAMPLES_PER_ENV = 96
+BATCH = 32
+TOL = {"atol": 1e-5, "rtol": 1e-4}
+#: A clip small enough to be active, so per-env clip coefficients are compared too.
+OPTS = PassOptions(amp=AmpMode.OFF, channels_last=False, grad_clip=0.1)
+#: Event fields that differ between identical runs (clocks; the reward normaliser's
+#: running std, shared by all envs by design, in ``normalized``).
+VOLATILE = {"ts_ns", "run_id", "seq", "normalized"} | {
+    f"{phase}_ms" for phase in ("train", "val", "features", "policy", "action", "ppo")
+}
+#: A healthy [seed, host] gradient norm per slot, so G2's gradient check passes.
+HEALTHY_NORM = 0.5
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[Config, TaskData]:
+    cfg = with_overrides(Config(), {"run.n_envs": N_ENVS, "task.name": "digits"})
+    return cfg, load_task(cfg.task, seed=0)
+
+
+def _envs(digits: tuple[Config, TaskData]) -> list[EnvState]:
+    cfg, data = digits
+    return EnvFactory(cfg, data.spec).create_round(0)
+
+
+def _iterator(data: TaskData) -> SharedBatchIterator:
+    return SharedBatchIterator(
+        data.train_x,
+        data.train_y,
+        n_envs=N_ENVS,
+        batch_size=BATCH,
+        seed=0,
+        samples_per_env=SAMPLES_PER_ENV,
+    )
+
+
+def _germinate(env: EnvState, slot: str, blueprint: str, tempo: int) -> None:
+    assert env.model.germinate(
+        slot,
+        blueprint,
+        GerminationStyle.LINEAR_ADD,
+        tempo,
+        1.0,
+        seed_id=env.next_seed_id(),
+        current_acc=50.0,
+        initiator=Initiator.POLICY,
+    )
+    sync_seed_optimizers(env)
+
+
+def _drive(env: EnvState, slot: str, stage: SeedStage) -> None:
+    """Through the gates to ``stage``, ticking with healthy gradients where a gate waits."""
+    model = env.model
+    for step in range(50):
+        if model.slot(slot).stage == stage:
+            return
+        if not model.advance(slot, initiator=Initiator.POLICY):
+            model.apply_grad_norms([HEALTHY_NORM] * (2 * len(model.slot_ids)))
+            model.tick(50.0 + step)
+    raise AssertionError(f"{slot} did not reach {stage}")
+
+
+def _rollback(env: EnvState) -> None:
+    env.governor.rollback(
+        0,
+        env.model,
+        reason=RollbackReason.NON_FINITE_LOSS,
+        loss=float("nan"),
+        threshold=0.0,
+        clear_optimizers=env.clear_optimizers,
+        transitions_affected=0,
+    )
+    sync_seed_optimizers(env)
+
+
+def _script(envs: list[EnvState], epoch: int) -> None:
+    """The lifecycle operations before ``epoch`` (applied to both sets alike)."""
+    s0, s1 = envs[0].model.slot_ids[:2]
+    if epoch == 1:
+        _germinate(envs[0], s0, "conv_heavy", tempo=2)
+        _germinate(envs[1], s0, "conv_heavy", tempo=4)
+        _germinate(envs[2], s1, "conv_light", tempo=2)
+        for env in envs[:2]:
+            _drive(env, s0, SeedStage.TRAINING)
+    if epoch == 2:
+        for env in envs[:2]:
+            _drive(env, s0, SeedStage.BLENDING)
+            env.model.tick(60.0)  # mid-ramp: env 0 at alpha 1/2, env 1 at 1/4
+    if epoch == 3:
+        assert envs[2].model.prune(s1, reason=PruneReason.POLICY, initiator=Initiator.POLICY)
+        sync_seed_optimizers(envs[2])
+        _rollback(envs[3])
+
+
+def _state(env: EnvState) -> dict[str, torch.Tensor]:
+    out = {f"p.{n}": p.detach() for n, p in env.model.named_parameters()}
+    out |= {f"b.{n}": b.float() for n, b in env.model.named_buffers()}
+    for opt in (env.host_optimizer, *env.seed_optimizers.values()):
+        for p, state in opt.state.items():
+            out[f"m.{_name(env, p)}"] = state["momentum_buffer"]
+    assert env.train_accum is not None
+    out["accum"] = env.train_accum
+    out["grad_norms"] = env.last_grad_norms
+    return out
+
+
+def _name(env: EnvState, param: torch.Tensor) -> str:
+    return next(n for n, p in env.model.named_parameters() if p is param)
+
+
+def _assert_close(a: list[EnvState], b: list[EnvState], epoch: int) -> None:
+    for ea, eb in zip(a, b, strict=True):
+        sa, sb = _state(ea), _state(eb)
+        assert sa.keys() == sb.keys(), (epoch, ea.index)
+        for key in sa:
+            assert torch.allclose(sa[key], sb[key], **TOL), (epoch, ea.index, key)
+
+
+def _run_both(
+    digits: tuple[Config, TaskData],
+    epochs: int,
+    script: Callable[[list[EnvState], int], None],
+    nan_at: dict[int, frozenset[int]] | None = None,
+) -> tuple[list[EnvState], list[EnvState], list[list[int]]]:
+    per_env, batched = _envs(digits), _envs(digits)
+    it = _iterator(digits[1])
+    groups: list[list[int]] = []
+    for epoch in range(epochs):
+        script(per_env, epoch)
+        script(batched, epoch)
+        groups.append([len(g) for g in group_envs(batched)])
+        nan_envs = (nan_at or {}).get(epoch, frozenset())
+        train_epoch(per_env, it.epoch(epoch), OPTS, nan_envs=nan_envs)
+        train_epoch_batched(batched, it.epoch(epoch), OPTS, nan_envs=nan_envs)
+        if not nan_at:
+            _assert_close(per_env, batched, epoch)
+    return per_env, batched, groups
+
+
+def test_batched_epochs_match_the_per_env_path(digits) -> None:
+    _, batched, groups = _run_both(digits, 5, _script)
+    # epoch 0: one group of 4; 1: seeds {0,1} TRAINING, 2 GERMINATED, 3 bare; 2: the
+    # blending pair stays a group at different alphas; 3: the pruned env joins the
+    # rolled-back one.
+    assert groups == [[4], [2, 1, 1], [2, 1, 1], [2, 2], [2, 2]]
+    assert [e.model.slot(e.model.slot_ids[0]).alpha.alpha for e in batched[:2]] == [0.5, 0.25]
+
+
+def test_a_nan_loss_poisons_only_its_own_env(digits) -> None:
+    def nothing(_envs: list[EnvState], _epoch: int) -> None:
+        pass
+
+    per_env, batched, groups = _run_both(digits, 2, nothing, nan_at={1: frozenset({1})})
+    assert groups == [[4], [4]]
+    for ea, eb in zip(per_env, batched, strict=True):
+        params = list(eb.model.parameters())
+        if ea.index == 1:
+            assert all(torch.isnan(p).all() for p in params)
+            continue
+        assert all(torch.isfinite(p).all() for p in params)
+        for pa, pb in zip(ea.model.parameters(), params, strict=True):
+            assert torch.allclose(pa, pb, **TOL)
+
+
+def test_unbatchable_envs_train_alone(digits) -> None:
+    envs = _envs(digits)
+    assert len({structure_key(e) for e in envs}) == 1
+    envs[0].scaler = torch.amp.GradScaler("cpu")  # type: ignore[attr-defined]
+    assert structure_key(envs[0]) is None
+    _germinate(envs[1], envs[1].model.slot_ids[0], "conv_heavy", tempo=2)
+    assert [len(g) for g in group_envs(envs)] == [1, 1, 2]
+
+
+def test_batched_runs_are_deterministic(digits) -> None:
+    it = _iterator(digits[1])
+    runs = []
+    for _ in range(2):
+        envs = _envs(digits)
+        for epoch in range(3):
+            _script(envs, epoch)
+            train_epoch_batched(envs, it.epoch(epoch), OPTS)
+        runs.append([_state(e) for e in envs])
+    for a, b in zip(*runs, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_batched_run_rolls_back_only_the_faulty_env(tmp_path: Path, digits) -> None:
+    """End to end (``run.batch_envs``): a NaN in env 1 rolls back env 1 alone, and the
+    other envs' transitions equal those of the clean batched run."""
+    cfg = with_overrides(
+        digits[0],
+        {
+            "run.n_envs": 3,
+            "run.rounds": 1,
+            "run.episode_length": 5,
+            "run.batch_envs": True,
+            "task.train_samples_per_env": 192,
+            "task.val_samples": 192,
+            "policy.feature_dim": 32,
+            "policy.lstm_hidden": 32,
+            "telemetry.dir": str(tmp_path),
+        },
+    )
+    kinds = {"action_taken", "reward_computed", "env_step", "counterfactual_computed"}
+    runs = []
+    for name, faults in (("clean", FaultPlan()), ("nan", _nan_fault())):
+        hub = MemoryHub(run_id=name, level=TelemetryLevel.NORMAL)
+        result = train(cfg, data=digits[1], telemetry=hub, faults=faults, save=tmp_path / name)
+        runs.append((result, hub))
+    (clean, clean_hub), (faulty, hub) = runs
+    assert (clean.rollbacks, faulty.rollbacks) == (0, 1)
+
+    def per_env(events: MemoryHub, env: int) -> list[dict[str, object]]:
+        out = []
+        for e in events.events:
+            d = msgspec.to_builtins(e)
+            if event_tag(type(e)) in kinds and d["env"] == env:
+                out.append({k: v for k, v in d.items() if k not in VOLATILE})
+        return out
+
+    for env in (0, 2):
+        assert per_env(clean_hub, env) == per_env(hub, env)
+    assert per_env(clean_hub, 1) != per_env(hub, 1)
+
+
+def _nan_fault() -> FaultPlan:
+    return FaultPlan([Fault(kind=FaultKind.NAN, round=0, step=3, env=1)])
