@@ -19,21 +19,21 @@ import torch
 from esper.config import Config, with_overrides
 from esper.core.enums import (
     AmpMode,
-    TelemetryLevel,
     GerminationStyle,
     Initiator,
     PruneReason,
     RollbackReason,
     SeedStage,
+    TelemetryLevel,
 )
 from esper.data.iterator import SharedBatchIterator
 from esper.data.tasks import TaskData, load_task
+from esper.telemetry.events import event_tag
+from esper.telemetry.hub import MemoryHub
 from esper.training.action_execution import sync_seed_optimizers
 from esper.training.batch_ops import PassOptions, train_epoch
 from esper.training.env_factory import EnvFactory
 from esper.training.env_state import EnvState
-from esper.telemetry.events import event_tag
-from esper.telemetry.hub import MemoryHub
 from esper.training.faults import Fault, FaultKind, FaultPlan
 from esper.training.host_batching import group_envs, structure_key, train_epoch_batched
 from esper.training.run import train

@@ -108,9 +108,7 @@ class CNNHost(HostNetwork):
                 ids_widths.append((slot_name(POST_POOL_ROW, i), c_out))
                 size //= POOL
             c_in = c_out
-        self.head = nn.Sequential(
-            GlobalAvgPool(), nn.Flatten(), nn.Linear(c_in, num_classes)
-        )
+        self.head = nn.Sequential(GlobalAvgPool(), nn.Flatten(), nn.Linear(c_in, num_classes))
         self.positions = self._positions(ids_widths)
 
 
