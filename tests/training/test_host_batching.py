@@ -266,3 +266,31 @@ def test_a_batched_run_rolls_back_only_the_faulty_env(tmp_path: Path, digits) ->
 
 def _nan_fault() -> FaultPlan:
     return FaultPlan([Fault(kind=FaultKind.NAN, round=0, step=3, env=1)])
+
+
+def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
+    """Every env's K counterfactual configurations (real, leave-one-out, all-off), with
+    blending seeds at different alphas in one group, match ``validate_fused``."""
+    from esper.data.iterator import val_batches
+    from esper.training.batch_ops import validate_fused
+    from esper.training.host_batching import validate_batched
+
+    envs = _envs(digits)
+    it = _iterator(digits[1])
+    for epoch in range(3):
+        _script(envs, epoch)
+        train_epoch(envs, it.epoch(epoch), OPTS)
+    s0 = envs[0].model.slot_ids[0]
+    assert [e.model.slot(s0).stage for e in envs[:2]] == [SeedStage.BLENDING] * 2
+    off = torch.zeros(len(envs[0].model.slot_ids))
+    alphas = [
+        torch.stack([e.model.current_alphas(), off]) if i < 2 else None
+        for i, e in enumerate(envs)
+    ]
+    data = digits[1]
+    val = val_batches(data.val_x, data.val_y, 128, limit=300)
+    fused = validate_fused(envs, val, alphas, OPTS)
+    batched = validate_batched(envs, val, alphas, OPTS)
+    assert [t.shape[0] for t in batched] == [4, 4, 3, 3]
+    for a, b in zip(fused, batched, strict=True):
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-5), (a, b)

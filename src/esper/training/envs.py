@@ -59,7 +59,7 @@ from esper.training.env_results import (
 )
 from esper.training.env_state import EnvState
 from esper.training.faults import FaultPlan, InjectedDataError
-from esper.training.host_batching import train_epoch_batched
+from esper.training.host_batching import train_epoch_batched, validate_batched
 from esper.training.rewards import compute_reward
 from esper.training.step_rewards import build_reward_inputs
 
@@ -222,7 +222,8 @@ class HostEnvs:
         t1 = time.perf_counter()
         plans = [self._ablation_plan(env) for env in envs]
         alphas = [torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans]
-        val = validate_fused(envs, self.val, alphas, self.opts)
+        validate = validate_batched if self.cfg.run.batch_envs else validate_fused
+        val = validate(envs, self.val, alphas, self.opts)
         layers = [layer_grad_stats(env.model) for env in envs] if layer_stats else None
         stats = gather_step_stats(envs, val, [t for _, t in layers] if layers else None)
         times.train_ms += (t1 - t0) * 1e3

@@ -29,6 +29,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -42,6 +43,8 @@ from esper.training.batch_ops import (
     stream_ctx,
     synchronize,
     train_batch,
+    val_layout,
+    validate_fused,
 )
 from esper.training.env_state import TRAIN_ACCUM, EnvState
 
@@ -49,6 +52,7 @@ from esper.training.env_state import TRAIN_ACCUM, EnvState
 CLIP_EPS = 1e-6
 
 Batch = tuple[Tensor, Tensor]
+IMAGE_DIMS = 4
 
 
 @dataclass(frozen=True)
@@ -345,3 +349,77 @@ def train_epoch_batched(
         with ctx:
             env.last_grad_norms = env.model.grad_norms()
     synchronize(envs)
+
+
+def validate_batched(
+    envs: Sequence[EnvState],
+    val_batches: Sequence[Batch],
+    alphas: Sequence[Tensor | None],
+    opts: PassOptions,
+) -> list[Tensor]:
+    """:func:`batch_ops.validate_fused` with same-structure envs that evaluate the same
+    number of alpha configurations run as one vmapped graph (same result layout)."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, (env, alpha) in enumerate(zip(envs, alphas, strict=True)):
+        key = structure_key(env)
+        k = 1 if alpha is None else alpha.shape[0]
+        groups.setdefault(("single", i) if key is None else (key, k), []).append(i)
+    results: dict[int, Tensor] = {}
+    for members in groups.values():
+        group = [envs[i] for i in members]
+        rows = [alphas[i] for i in members]
+        if len(members) == 1:
+            values = validate_fused(group, val_batches, rows, opts)
+        else:
+            values = list(_validate_group(group, val_batches, rows, opts).unbind(0))
+        results.update(zip(members, values, strict=True))
+    synchronize(envs)
+    return [results[i] for i in range(len(envs))]
+
+
+@torch.no_grad()
+def _validate_group(
+    envs: Sequence[EnvState],
+    val_batches: Sequence[Batch],
+    alphas: Sequence[Tensor | None],
+    opts: PassOptions,
+) -> Tensor:
+    """[N, 2 + K] ``val_layout(K)`` rows: every env's K configurations in one graph."""
+    for env in envs:
+        env.model.eval()
+    members = [_Member.of(env) for env in envs]
+    params = {n: torch.stack([m.params[n] for m in members]) for n in members[0].params}
+    buffers = {n: torch.stack([m.buffers[n] for m in members]) for n in members[0].buffers}
+    # No active seed (None): one row, the current alphas (seeds that blend nothing).
+    rows = [
+        e.model.current_alphas()[None] if a is None else a
+        for e, a in zip(envs, alphas, strict=True)
+    ]
+    device = envs[0].device
+    configs = torch.stack(rows).to(device, non_blocking=True)  # [N, K, n_slots]
+    n, k = configs.shape[0], configs.shape[1]
+    model = envs[0].model
+
+    def env_logits(p: dict[str, Tensor], b: dict[str, Tensor], a: Tensor, x: Tensor) -> Tensor:
+        xs = torch.cat([x] * k) if k > 1 else x  # as MorphogeneticModel.fused_forward
+        per_sample = a.repeat_interleave(x.shape[0], dim=0)
+        logits: Tensor = functional_call(model, (p, b), (xs, per_sample))
+        return logits.view(k, x.shape[0], *logits.shape[1:])
+
+    batched = torch.vmap(env_logits, in_dims=(0, 0, 0, None))
+    lay = val_layout(k)
+    acc = torch.zeros(n, lay.width, device=device)
+    for x, y in val_batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if opts.channels_last and x.dim() == IMAGE_DIMS:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast(device, opts.amp):
+            logits = batched(params, buffers, configs, x)  # [N, K, B, ..., C]
+        classes = logits.shape[-1]
+        real = logits[:, 0].reshape(-1, classes).float()
+        losses = F.cross_entropy(real, y.reshape(-1).repeat(n), reduction="none")
+        acc[:, lay.index("loss_sum")] += losses.view(n, -1).sum(dim=1)
+        acc[:, lay.index("count")] += y.numel()
+        hits = logits.argmax(dim=-1) == y[None, None]
+        acc[:, lay["correct"]] += hits.reshape(n, k, -1).sum(dim=2)
+    return acc
