@@ -4,7 +4,8 @@ Two identical sets of envs get the same lifecycle script (germinations in the sa
 in different slots, blends at different alphas, a prune, a rollback); one set trains
 per env, the other with same-structure envs stacked. After every epoch parameters,
 buffers, momentum, train sums and gradient norms must agree up to float summation
-order, and a NaN loss in one env must leave the others of its group untouched.
+order, a NaN loss in one env must leave the others of its group untouched, and the
+batched validation pass must give the fused per-env pass's rows.
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ from esper.core.enums import (
     SeedStage,
     TelemetryLevel,
 )
-from esper.data.iterator import SharedBatchIterator
+from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData, load_task
 from esper.telemetry.events import event_tag
 from esper.telemetry.hub import MemoryHub
 from esper.training.action_execution import sync_seed_optimizers
-from esper.training.batch_ops import PassOptions, train_epoch
+from esper.training.batch_ops import PassOptions, train_epoch, validate_fused
 from esper.training.env_factory import EnvFactory
 from esper.training.env_state import EnvState
 from esper.training.faults import Fault, FaultKind, FaultPlan
-from esper.training.host_batching import group_envs, structure_key, train_epoch_batched
+from esper.training.host_batching import (
+    group_envs,
+    structure_key,
+    train_epoch_batched,
+    validate_batched,
+)
 from esper.training.run import train
 
 N_ENVS = 4
@@ -271,10 +277,6 @@ def _nan_fault() -> FaultPlan:
 def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     """Every env's K counterfactual configurations (real, leave-one-out, all-off), with
     blending seeds at different alphas in one group, match ``validate_fused``."""
-    from esper.data.iterator import val_batches
-    from esper.training.batch_ops import validate_fused
-    from esper.training.host_batching import validate_batched
-
     envs = _envs(digits)
     it = _iterator(digits[1])
     for epoch in range(3):
@@ -284,8 +286,7 @@ def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     assert [e.model.slot(s0).stage for e in envs[:2]] == [SeedStage.BLENDING] * 2
     off = torch.zeros(len(envs[0].model.slot_ids))
     alphas = [
-        torch.stack([e.model.current_alphas(), off]) if i < 2 else None
-        for i, e in enumerate(envs)
+        torch.stack([e.model.current_alphas(), off]) if i < 2 else None for i, e in enumerate(envs)
     ]
     data = digits[1]
     val = val_batches(data.val_x, data.val_y, 128, limit=300)
