@@ -426,19 +426,27 @@ def _ppo_only(key: str) -> bool:
     return key.startswith(PPO_ONLY_KEYS)
 
 
-def _merge_key(part: dict[str, Any], rounds: int | None) -> tuple[str, dict[str, Any]]:
-    """What must match between merged files; ``run.rounds`` may differ when truncating.
+def _merge_key(part: dict[str, Any], rounds: int | None) -> str:
+    """What must match between merged files: the resolved config (the preset file plus
+    the file's overrides), so an override equal to the preset's value matches the
+    preset; ``run.rounds`` may differ when truncating.
 
     PPO-only keys (``ppo.*`` and the policy network's) are left out: they change only
     the PPO runs, so a PPO variant can be summarised with baselines run once (the PPO
     files themselves must agree on them, :func:`_ppo_overrides`).
     """
     overrides = {k: v for k, v in part["overrides"].items() if not _ppo_only(k)}
+    if rounds is not None and part["rounds"] < rounds:
+        raise SystemExit(f"--rounds {rounds}: a results file has only {part['rounds']} rounds")
+    resolved = msgspec.to_builtins(with_overrides(load_config(part["config"]), overrides))
+    resolved.pop("ppo")
+    for key in PPO_ONLY_KEYS:
+        section, _, name = key.partition(".")
+        if name:
+            resolved[section].pop(name, None)
     if rounds is not None:
-        if part["rounds"] < rounds:
-            raise SystemExit(f"--rounds {rounds}: a results file has only {part['rounds']} rounds")
-        overrides.pop("run.rounds", None)
-    return part["config"], overrides
+        resolved["run"].pop("rounds")
+    return json.dumps(resolved, sort_keys=True)
 
 
 def _ppo_overrides(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -121,6 +121,9 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     compile: bool = False
     #: Blueprints every policy may germinate (masked otherwise); empty: all the host offers.
     blueprints: list[str] = msgspec.field(default_factory=list)
+    #: Alpha targets every policy may choose (germination and retarget heads; masked
+    #: otherwise); empty: all of ``ALPHA_TARGETS``.
+    alpha_targets: list[float] = msgspec.field(default_factory=list)
     #: Mask GERMINATE once too few steps remain for a new seed to blend before the
     #: episode ends (it could only cost parameters).
     mask_late_germination: bool = False
@@ -342,6 +345,7 @@ def _validate(cfg: Config) -> Config:
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
     _check_blueprint_names(cfg.policy.blueprints, "blueprints")
+    _check_alpha_targets(cfg.policy)
     _validate_heuristic(cfg.policy)
     if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:
         raise ConfigError(
@@ -362,6 +366,24 @@ def _check_blueprint_names(names: list[str], key: str) -> None:
             )
         if name in names[:i]:
             raise ConfigError(f"$.policy.{key}[{i}]: {name!r} listed twice")
+
+
+def _check_alpha_targets(policy: PolicyConfig) -> None:
+    """The alpha menu: values the head can encode, none twice, and the heuristic's own
+    target among them (it would otherwise choose a masked value)."""
+    menu = policy.alpha_targets
+    for i, value in enumerate(menu):
+        if value not in ALPHA_TARGETS:
+            raise ConfigError(
+                f"$.policy.alpha_targets[{i}]: must be one of {list(ALPHA_TARGETS)}, got {value}"
+            )
+        if value in menu[:i]:
+            raise ConfigError(f"$.policy.alpha_targets[{i}]: {value} listed twice")
+    if menu and policy.heuristic_alpha_target not in menu:
+        raise ConfigError(
+            f"$.policy.heuristic_alpha_target: {policy.heuristic_alpha_target} is not in "
+            f"policy.alpha_targets {menu}"
+        )
 
 
 def _validate_heuristic(policy: PolicyConfig) -> None:

@@ -119,3 +119,24 @@ def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> No
         check=False,
     )
     assert twice.returncode != 0 and "ppo seed 0 is in two files" in twice.stderr
+
+
+def test_merge_compares_resolved_configs(tmp_path: Path) -> None:
+    """An override equal to the preset's value merges with a file that did not set it
+    (the configs resolve the same); a different value is refused."""
+    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static", "--name", "base")
+    for name, value in (("same", "false"), ("other", "true")):
+        gates = ("--set", f"host.strict_gates={value}", "--policies", "ppo")
+        _run(tmp_path, "--quick", "--seeds", "0", *gates, "--name", name)
+    base = str(tmp_path / "base.json")
+    _run(tmp_path, "--merge", str(tmp_path / "same.json"), "--baselines", base, "--name", "m")
+    assert set(json.loads((tmp_path / "m.json").read_text())["runs"]) == {"ppo", "static"}
+    merge = ("--merge", str(tmp_path / "other.json"), "--baselines", base)
+    other = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *merge],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert other.returncode != 0 and "different configuration" in other.stderr

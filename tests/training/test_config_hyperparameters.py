@@ -147,6 +147,9 @@ def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) ->
         ("blueprints", ["mlp", "mlp"], "$.policy.blueprints[1]: 'mlp' listed twice"),
         ("heuristic_tempo", 4, "heuristic_tempo: must be one of [3, 5, 8]"),
         ("heuristic_alpha_target", 0.6, "heuristic_alpha_target: must be one of"),
+        ("alpha_targets", [1.0, 0.6], "$.policy.alpha_targets[1]: must be one of [0.5, 0.7, 1.0]"),
+        ("alpha_targets", [0.7, 0.7], "$.policy.alpha_targets[1]: 0.7 listed twice"),
+        ("alpha_targets", [0.5], "heuristic_alpha_target: 1.0 is not in policy.alpha_targets"),
     ],
 )
 def test_bad_heuristic_settings_are_named(key: str, value: object, message: str) -> None:
@@ -214,3 +217,23 @@ def test_a_germination_deadline_longer_than_the_episode_is_refused() -> None:
     ):
         config_from_dict({"policy": {"mask_late_germination": True}, "run": {"episode_length": 12}})
     config_from_dict({"policy": {"mask_late_germination": True}, "run": {"episode_length": 13}})
+
+
+def test_policy_alpha_targets_mask_the_alpha_head() -> None:
+    """The alpha menu reaches the masks every policy samples from (one packed transfer)."""
+    from esper.config import config_from_dict
+    from esper.data.tasks import load_task
+    from esper.model import build_model
+    from esper.policy.masks import compute_masks
+    from esper.training.run import action_space_for
+
+    cfg = config_from_dict({"policy": {"alpha_targets": [1.0]}})
+    data = load_task(cfg.task, seed=0)
+    space = action_space_for(cfg, data)
+    assert space.alpha_target_valid == (False, False, True)
+    reports = [build_model(cfg.host, data.spec, seed=0).slot_reports()] * 2
+    masks = compute_masks(reports, space, max_seeds=3, device="cpu")
+    assert masks.alpha_target.tolist() == [[False, False, True]] * 2
+    assert masks.blueprint.shape[0] == 2 and masks.tempo.all()
+    full = action_space_for(config_from_dict({}), data)
+    assert compute_masks(reports, full, max_seeds=3, device="cpu").alpha_target.all()

@@ -51,12 +51,14 @@ def head_sizes(n_slots: int) -> dict[str, int]:
 
 
 class ActionSpace(msgspec.Struct, frozen=True):
-    """The slots a host offers (in head order), its topology (which blueprints exist) and
-    the blueprints the policy may germinate (``None``: all the topology offers)."""
+    """The slots a host offers (in head order), its topology (which blueprints exist),
+    the blueprints the policy may germinate (``None``: all the topology offers) and the
+    alpha targets it may choose (``None``: all of ``ALPHA_TARGETS``)."""
 
     slot_ids: tuple[str, ...]
     topology: Topology
     blueprints: tuple[str, ...] | None = None
+    alpha_targets: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.slot_ids:
@@ -68,6 +70,11 @@ class ActionSpace(msgspec.Struct, frozen=True):
             raise ValueError(
                 f"none of the blueprints {list(self.blueprints)} is offered by a "
                 f"{self.topology.value} host (it offers: {offered})"
+            )
+        if self.alpha_targets is not None and not any(self.alpha_target_valid):
+            raise ValueError(
+                f"none of the alpha targets {list(self.alpha_targets)} is one of "
+                f"{list(ALPHA_TARGETS)}"
             )
 
     @property
@@ -85,6 +92,12 @@ class ActionSpace(msgspec.Struct, frozen=True):
         if self.blueprints is not None:
             allowed &= set(self.blueprints)
         return tuple(name in allowed for name in ALL_BLUEPRINTS)
+
+    @property
+    def alpha_target_valid(self) -> tuple[bool, ...]:
+        """Per alpha-target-head index: may the policy choose this target?"""
+        menu = self.alpha_targets
+        return tuple(menu is None or value in menu for value in ALPHA_TARGETS)
 
     def slot_index(self, slot_id: str) -> int:
         return self.slot_ids.index(slot_id)

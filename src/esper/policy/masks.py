@@ -194,7 +194,8 @@ def build_mask_arrays(
     op: np.ndarray = np.asarray(slot.any(axis=2))
     op[:, LifecycleOp.WAIT] = True
     blueprint = np.tile(np.array(space.blueprint_valid, dtype=bool), (n, 1))
-    return {"op": op, "slot": slot, "blueprint": blueprint}
+    alpha_target = np.tile(np.array(space.alpha_target_valid, dtype=bool), (n, 1))
+    return {"op": op, "slot": slot, "blueprint": blueprint, "alpha_target": alpha_target}
 
 
 def compute_masks(
@@ -208,16 +209,19 @@ def compute_masks(
     """Masks for all envs: rules evaluated on the host, one host-to-device transfer."""
     arrays = build_mask_arrays(reports, space, max_seeds=max_seeds, steps_left=steps_left)
     n, sizes = len(reports), space.head_sizes
-    packed_np = np.concatenate(
-        [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]], axis=1
-    )
+    parts = [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]]
+    packed_np = np.concatenate([*parts, arrays["alpha_target"]], axis=1)
     packed = torch.from_numpy(packed_np).to(device)
-    n_op, n_slot = N_OPS, N_OPS * space.n_slots
-    op, slot_flat, blueprint = torch.split(packed, [n_op, n_slot, sizes["blueprint"]], dim=1)
+    widths = [N_OPS, N_OPS * space.n_slots, sizes["blueprint"], sizes["alpha_target"]]
+    op, slot_flat, blueprint, alpha_target = torch.split(packed, widths, dim=1)
     free = {
         name: torch.ones((n, sizes[name]), dtype=torch.bool, device=packed.device)
-        for name in ("style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
+        for name in ("style", "tempo", "alpha_speed", "alpha_curve")
     }
     return ActionMasks(
-        op=op, slot=slot_flat.reshape(n, N_OPS, space.n_slots), blueprint=blueprint, **free
+        op=op,
+        slot=slot_flat.reshape(n, N_OPS, space.n_slots),
+        blueprint=blueprint,
+        alpha_target=alpha_target,
+        **free,
     )

@@ -156,7 +156,12 @@ def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
         raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
     blueprints = tuple(cfg.policy.blueprints) or None
     try:
-        return ActionSpace(slot_ids=probe.slot_ids, topology=probe.topology, blueprints=blueprints)
+        return ActionSpace(
+            slot_ids=probe.slot_ids,
+            topology=probe.topology,
+            blueprints=blueprints,
+            alpha_targets=tuple(cfg.policy.alpha_targets) or None,
+        )
     except ValueError as exc:
         raise ConfigError(f"$.policy.blueprints: {exc}") from None
 
