@@ -37,7 +37,14 @@ from esper.core.constants import (
     STABILISATION_MAX_ACC_GAIN_PP,
     TEMPOS,
 )
-from esper.core.enums import AmpMode, PolicyKind, RewardFamily, TaskName, TelemetryLevel
+from esper.core.enums import (
+    AmpMode,
+    ParamCostBasis,
+    PolicyKind,
+    RewardFamily,
+    TaskName,
+    TelemetryLevel,
+)
 from esper.errors import UserError
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
@@ -189,6 +196,10 @@ class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: ``accuracy`` family: cost per unit of (seed parameters / host parameters), paid
     #: as the seed parameters change (germinate pays, prune refunds).
     param_cost_weight: NonNegativeFloat = 0.05
+    #: ``accuracy`` family: which parameters the cost counts. ``live``: a seed costs from
+    #: germination on, so pruning it before it blends refunds a cost it never earned
+    #: back; ``blended``: alpha x parameters, paid as the seed reaches the output.
+    param_cost_basis: ParamCostBasis = ParamCostBasis.LIVE
     normalize: bool = True
     #: Normalised rewards are clipped to +-this (a blow-up is not an unbounded reward).
     normalize_clip: PositiveFloat = 10.0

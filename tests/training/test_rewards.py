@@ -382,3 +382,53 @@ def test_trainer_pays_the_accuracy_family_as_telescoping_sums(tmp_path: Path) ->
             assert rewards[env, t].fossilize_bonus == rewards[env, t].germinate_cost == 0.0
         grew = grew or max(seeds) > 0
     assert grew  # the untrained policy germinates: the cost was exercised
+
+
+def test_param_cost_basis_blended_charges_only_what_reaches_the_output() -> None:
+    """``reward.param_cost_basis``: ``live`` charges a seed at germination and refunds a
+    prune before it blends; ``blended`` charges alpha x parameters as the seed blends in,
+    so such a prune earns nothing."""
+    from esper.core.enums import GerminationStyle, Initiator, ParamCostBasis, PruneReason
+    from esper.policy.actions import DecodedAction
+    from esper.training.action_execution import ActionOutcome
+    from esper.training.env_factory import EnvFactory
+    from esper.training.step_rewards import build_reward_inputs
+
+    cfg = with_overrides(Config(), {"run.n_envs": 1, "task.name": "digits"})
+    data = load_task(cfg.task, seed=0)
+    wait = DecodedAction(op=LifecycleOp.WAIT)
+    outcome = ActionOutcome(executed=True, slot_before=None, slot_after=None)
+    rcfg = with_overrides(cfg, {"reward.family": "accuracy"}).reward
+    w = rcfg.param_cost_weight
+
+    def rent(env, basis: ParamCostBasis) -> float:
+        """This step's parameter cost; the env's reward memory moves on, as in a run."""
+        inputs, env.reward_memory = build_reward_inputs(
+            env, wait, outcome, task=data.spec, terminal=False, param_basis=basis
+        )
+        return compute_reward(inputs, rcfg, gamma=GAMMA).rent
+
+    for basis in ParamCostBasis:
+        env = EnvFactory(cfg, data.spec).create_env(0, 0)
+        slot = env.model.slot_ids[0]
+        assert env.model.germinate(
+            slot, "conv_heavy", GerminationStyle.LINEAR_ADD, 4, 1.0,
+            seed_id="s", current_acc=50.0, initiator=Initiator.POLICY,
+        )  # fmt: skip
+        counts = env.model.param_counts()
+        share = counts.seeds / counts.host
+        live = basis == ParamCostBasis.LIVE
+        assert rent(env, basis) == pytest.approx(-w * share if live else 0.0)
+        if live:  # pruned before it blends: the cost comes back
+            assert env.model.prune(slot, reason=PruneReason.POLICY, initiator=Initiator.POLICY)
+            assert rent(env, basis) == pytest.approx(w * share)
+            continue
+        assert env.model.advance(slot, initiator=Initiator.POLICY)  # TRAINING
+        seed = env.model.slot(slot)
+        seed.life.epochs_in_stage = 10  # G2's minimum training epochs
+        seed.metrics.record_gradients(0.5, counts.seeds, 0.5, counts.host)
+        assert env.model.advance(slot, initiator=Initiator.POLICY)  # BLENDING over 4 epochs
+        assert rent(env, basis) == 0.0  # alpha 0 still
+        env.model.tick(60.0)  # alpha 1/4
+        quarter = round(0.25 * counts.seeds) / counts.host
+        assert rent(env, basis) == pytest.approx(-w * quarter)

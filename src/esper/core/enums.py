@@ -131,6 +131,13 @@ class RewardFamily(StrEnum):
     ACCURACY = "accuracy"
 
 
+class ParamCostBasis(StrEnum):
+    """Which seed parameters the accuracy reward's parameter cost counts."""
+
+    LIVE = "live"  # every live seed's parameters, from germination on
+    BLENDED = "blended"  # alpha x parameters of seeds blended into the output
+
+
 class TaskName(StrEnum):
     DIGITS = "digits"
     CIFAR10 = "cifar10"

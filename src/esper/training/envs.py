@@ -184,7 +184,12 @@ class HostEnvs:
         for env, action in zip(self.states, actions, strict=True):
             outcome = execute_action(env, action, step=step, initiator=self.initiator)
             inputs, env.reward_memory = build_reward_inputs(
-                env, action, outcome, task=self.task.spec, terminal=terminal
+                env,
+                action,
+                outcome,
+                task=self.task.spec,
+                terminal=terminal,
+                param_basis=self.cfg.reward.param_cost_basis,
             )
             reward = compute_reward(inputs, self.cfg.reward, gamma=self.cfg.ppo.gamma)
             env.stats.reward_sum += reward.total

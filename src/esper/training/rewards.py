@@ -92,8 +92,9 @@ class RewardInputs(msgspec.Struct, frozen=True, kw_only=True):
     final_acc: float = NAN
     final_loss: float = NAN
     rollback_penalty: float = 0.0
-    #: Live seed parameters (any stage, any alpha) after the action, and after the
-    #: previous step's action (0 at episode start); the accuracy family's cost telescopes.
+    #: Seed parameters after the action, and after the previous step's action (0 at
+    #: episode start), counted as ``reward.param_cost_basis`` says (live seeds, or alpha x
+    #: parameters of blended ones); the accuracy family's cost telescopes.
     seed_params: int = 0
     prev_seed_params: int = 0
 

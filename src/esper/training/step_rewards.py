@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from esper.core.enums import ParamCostBasis
 from esper.core.records import SlotReport
 from esper.data.tasks import TaskSpec
 from esper.policy.actions import DecodedAction
@@ -38,10 +39,16 @@ def build_reward_inputs(
     *,
     task: TaskSpec,
     terminal: bool,
+    param_basis: ParamCostBasis = ParamCostBasis.LIVE,
 ) -> tuple[RewardInputs, RewardMemory]:
-    """The step's reward inputs, and the memory the next step's inputs start from."""
+    """The step's reward inputs, and the memory the next step's inputs start from
+    (``param_basis``: which seed parameters the parameter cost counts)."""
     reports = env.model.slot_reports()
     counts = env.model.param_counts()
+    if param_basis == ParamCostBasis.LIVE:
+        seed_params = counts.seeds
+    else:  # alpha x parameters of the blended seeds
+        seed_params = counts.effective - counts.host
     alphas = tuple(r.alpha for r in reports)
     memory = env.reward_memory
     previous = memory.alphas or alphas
@@ -69,7 +76,7 @@ def build_reward_inputs(
         is_terminal=terminal,
         final_acc=env.val_acc if terminal else math.nan,
         final_loss=env.val_loss if terminal else math.nan,
-        seed_params=counts.seeds,
+        seed_params=seed_params,
         prev_seed_params=memory.seed_params,
     )
-    return inputs, RewardMemory(alphas=alphas, potential=potential_now, seed_params=counts.seeds)
+    return inputs, RewardMemory(alphas=alphas, potential=potential_now, seed_params=seed_params)
