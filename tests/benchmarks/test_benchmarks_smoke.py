@@ -163,3 +163,16 @@ def test_watch_overhead(tmp_path: Path) -> None:
     assert set(data["samples"]) == {"alone", "watched"}
     assert all(positive(v) for vs in data["samples"].values() for v in vs)
     assert data["watcher"] and all(w["watcher_cpu_s"] >= 0 for w in data["watcher"])
+
+
+def test_batch_groups_records_every_train_epoch(tmp_path: Path) -> None:
+    data = run_script("batch_groups", tmp_path)
+    assert [(r["config"], r["policy"]) for r in data["results"]] == [
+        ("default", "ppo"),
+        ("default", "heuristic"),
+    ]
+    for r in data["results"]:
+        assert r["epochs"] == len(r["sizes"]) == 3  # one round of 3 epochs
+        assert all(sum(s) == r["n_envs"] for s in r["sizes"])  # every env in one group
+        assert 1 <= r["groups_per_epoch"] <= r["max_groups"] <= r["n_envs"]
+        assert 0.0 <= r["batched_share"] <= 1.0
