@@ -1,11 +1,14 @@
-"""How far the batched host path can batch: structure groups per epoch in real runs.
+"""How far the batched host path batches: graph pieces per train epoch in real runs.
 
-``run.batch_envs`` stacks envs whose networks share one structure
-(``host_batching.structure_key``). As seeds are germinated, pruned and blended, envs
-drift apart and the groups split. This script runs training with ``run.batch_envs``
-on and records the groups of every train epoch (by wrapping ``group_envs``, the
-measurement's only instrumentation). It reports how many groups an epoch has, the
-largest group, and the share of envs that train batched (in a group of two or more).
+``run.batch_envs`` trains the envs of a device as one ``slot_groups.HostBatch``: every
+host in one vmapped graph, and at each slot one vmapped call per seed kind. This
+script runs training with it and records every epoch's batch by wrapping ``HostBatch``
+(the measurement's only instrumentation). It reports:
+- the seed kinds per epoch, summed over slots: the extra vmapped calls the seeds cost;
+- the share of in-forward seeds that share their kind with another env;
+- for comparison, the whole-structure groups the same envs would form
+  (``host_batching.group_envs``, the first design: one graph per group), and the share
+  of envs such groups would batch.
 It runs on CPU, and the figures do not depend on the device.
 
     python benchmarks/batch_groups.py                       # 16 envs, PPO + heuristic
@@ -44,10 +47,11 @@ COLUMNS = (
     "policy",
     "n_envs",
     "epochs",
-    "groups / epoch",
-    "max groups",
-    "largest group",
-    "envs batched",
+    "seed kinds / epoch",
+    "seeds in forward",
+    "sharing a kind",
+    "structure groups",
+    "envs batched by them",
     "wall s",
 )
 
@@ -64,24 +68,34 @@ def parse_args(argv: list[str] | None) -> Any:
     return args
 
 
-class GroupRecorder:
-    """Wraps ``host_batching.group_envs`` for one run; records each epoch's group sizes."""
+class BatchRecorder:
+    """Wraps ``host_batching.HostBatch`` for one run and records each epoch's batch."""
 
     def __init__(self) -> None:
-        self.sizes: list[list[int]] = []
-        self._original = host_batching.group_envs
+        self.epochs: list[dict[str, Any]] = []
+        self._original = host_batching.HostBatch
 
-    def __enter__(self) -> GroupRecorder:
-        def recorded(envs: Sequence[EnvState]) -> list[list[EnvState]]:
-            groups: list[list[EnvState]] = self._original(envs)
-            self.sizes.append([len(g) for g in groups])
-            return groups
+    def __enter__(self) -> BatchRecorder:
+        epochs, original = self.epochs, self._original
 
-        host_batching.group_envs = recorded
+        class Recorded(original):  # type: ignore[misc, valid-type]
+            def __init__(self, envs: Sequence[EnvState]) -> None:
+                super().__init__(envs)
+                kinds = [len(k.rows) for slot in self.kinds.values() for k in slot]
+                groups = host_batching.group_envs(envs)
+                epochs.append(
+                    {
+                        "envs": len(envs),
+                        "seed_kinds": kinds,
+                        "structure_groups": [len(g) for g in groups],
+                    }
+                )
+
+        host_batching.HostBatch = Recorded
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        host_batching.group_envs = self._original
+        host_batching.HostBatch = self._original
 
 
 def measure(config: str, policy: str, args: Any, tmp: Path) -> dict[str, Any]:
@@ -99,22 +113,31 @@ def measure(config: str, policy: str, args: Any, tmp: Path) -> dict[str, Any]:
     cfg = with_overrides(base, values)
     data = load_task(cfg.task, seed=cfg.run.seed)
     t0 = time.perf_counter()
-    with GroupRecorder() as rec:
+    with BatchRecorder() as rec:
         train(cfg, data=data, telemetry=MemoryHub(run_id="groups", level=TelemetryLevel.OFF))
     wall = time.perf_counter() - t0
-    sizes = rec.sizes
     n = cfg.run.n_envs
+    epochs = rec.epochs
+    if any(e["envs"] != n for e in epochs):
+        raise SystemExit("an epoch's batch did not hold every env (mixed devices or fp16?)")
+    kinds = [e["seed_kinds"] for e in epochs]
+    groups = [e["structure_groups"] for e in epochs]
+    seeds = sum(sum(k) for k in kinds)
+    shared = sum(size for k in kinds for size in k if size > 1)
     return {
         "config": config,
         "policy": policy,
         "n_envs": n,
-        "epochs": len(sizes),
-        "groups_per_epoch": statistics.mean(len(s) for s in sizes),
-        "max_groups": max(len(s) for s in sizes),
-        "largest_group": statistics.mean(max(s) for s in sizes),
-        "batched_share": statistics.mean(sum(g for g in s if g > 1) / n for s in sizes),
+        "epochs": len(epochs),
+        "seed_kinds_per_epoch": statistics.mean(len(k) for k in kinds),
+        "seeds_in_forward_per_epoch": seeds / len(epochs),
+        "seeds_sharing_a_kind": shared / seeds if seeds else None,
+        "structure_groups_per_epoch": statistics.mean(len(g) for g in groups),
+        "structure_batched_share": statistics.mean(
+            sum(size for size in g if size > 1) / n for g in groups
+        ),
         "wall_s": wall,
-        "sizes": sizes,
+        "epochs_detail": epochs,
     }
 
 
@@ -126,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     results = [measure(c, p, args, tmp) for c in args.configs for p in args.policies]
     C.print_table(
-        "Structure groups per train epoch with run.batch_envs (envs batched = share of envs "
-        "in a group of two or more)",
+        "Per train epoch with run.batch_envs: every host in one graph, plus one vmapped "
+        "call per seed kind and slot; whole-structure groups for comparison",
         COLUMNS,
         [
             [
@@ -135,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
                 r["policy"],
                 r["n_envs"],
                 r["epochs"],
-                r["groups_per_epoch"],
-                r["max_groups"],
-                r["largest_group"],
-                r["batched_share"],
+                r["seed_kinds_per_epoch"],
+                r["seeds_in_forward_per_epoch"],
+                "-" if r["seeds_sharing_a_kind"] is None else r["seeds_sharing_a_kind"],
+                r["structure_groups_per_epoch"],
+                r["structure_batched_share"],
                 r["wall_s"],
             ]
             for r in results

@@ -165,14 +165,17 @@ def test_watch_overhead(tmp_path: Path) -> None:
     assert data["watcher"] and all(w["watcher_cpu_s"] >= 0 for w in data["watcher"])
 
 
-def test_batch_groups_records_every_train_epoch(tmp_path: Path) -> None:
+def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> None:
     data = run_script("batch_groups", tmp_path)
     assert [(r["config"], r["policy"]) for r in data["results"]] == [
         ("default", "ppo"),
         ("default", "heuristic"),
     ]
     for r in data["results"]:
-        assert r["epochs"] == len(r["sizes"]) == 3  # one round of 3 epochs
-        assert all(sum(s) == r["n_envs"] for s in r["sizes"])  # every env in one group
-        assert 1 <= r["groups_per_epoch"] <= r["max_groups"] <= r["n_envs"]
-        assert 0.0 <= r["batched_share"] <= 1.0
+        assert r["epochs"] == len(r["epochs_detail"]) == 3  # one round of 3 epochs
+        for epoch in r["epochs_detail"]:
+            assert epoch["envs"] == r["n_envs"]  # every env's host in the one batch
+            assert sum(epoch["structure_groups"]) == r["n_envs"]
+            assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
+        assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
+        assert 0.0 <= r["structure_batched_share"] <= 1.0

@@ -37,12 +37,14 @@ from esper.training.env_factory import EnvFactory
 from esper.training.env_state import EnvState
 from esper.training.faults import Fault, FaultKind, FaultPlan
 from esper.training.host_batching import (
+    Batch,
     group_envs,
     structure_key,
     train_epoch_batched,
     validate_batched,
 )
 from esper.training.run import train
+from esper.training.slot_groups import HostBatch, host_key
 
 N_ENVS = 4
 SAMPLES_PER_ENV = 96
@@ -65,9 +67,16 @@ def digits() -> tuple[Config, TaskData]:
     return cfg, load_task(cfg.task, seed=0)
 
 
-def _envs(digits: tuple[Config, TaskData]) -> list[EnvState]:
+def _envs(digits: tuple[Config, TaskData], dtype: torch.dtype = torch.float32) -> list[EnvState]:
     cfg, data = digits
-    return EnvFactory(cfg, data.spec).create_round(0)
+    envs = EnvFactory(cfg, data.spec).create_round(0)
+    for env in envs:
+        env.model.to(dtype)  # seeds are built in the host's dtype
+    return envs
+
+
+def _epoch(it: SharedBatchIterator, epoch: int, dtype: torch.dtype) -> list[list[Batch]]:
+    return [[(x.to(dtype), y) for x, y in per_env] for per_env in it.epoch(epoch)]
 
 
 def _iterator(data: TaskData) -> SharedBatchIterator:
@@ -163,22 +172,29 @@ def _assert_close(a: list[EnvState], b: list[EnvState], epoch: int) -> None:
             assert torch.allclose(sa[key], sb[key], **TOL), (epoch, ea.index, key)
 
 
+def _kinds(envs: list[EnvState]) -> dict[str, list[int]]:
+    """Per slot, the sizes of the seed kinds one batch would run (empty: passes through)."""
+    batch = HostBatch(envs)
+    return {slot: [len(k.rows) for k in kinds] for slot, kinds in batch.kinds.items() if kinds}
+
+
 def _run_both(
     digits: tuple[Config, TaskData],
     epochs: int,
     script: Callable[[list[EnvState], int], None],
     nan_at: dict[int, frozenset[int]] | None = None,
-) -> tuple[list[EnvState], list[EnvState], list[list[int]]]:
-    per_env, batched = _envs(digits), _envs(digits)
+    dtype: torch.dtype = torch.float32,
+) -> tuple[list[EnvState], list[EnvState], list[dict[str, list[int]]]]:
+    per_env, batched = _envs(digits, dtype), _envs(digits, dtype)
     it = _iterator(digits[1])
-    groups: list[list[int]] = []
+    groups: list[dict[str, list[int]]] = []
     for epoch in range(epochs):
         script(per_env, epoch)
         script(batched, epoch)
-        groups.append([len(g) for g in group_envs(batched)])
+        groups.append(_kinds(batched))
         nan_envs = (nan_at or {}).get(epoch, frozenset())
-        train_epoch(per_env, it.epoch(epoch), OPTS, nan_envs=nan_envs)
-        train_epoch_batched(batched, it.epoch(epoch), OPTS, nan_envs=nan_envs)
+        train_epoch(per_env, _epoch(it, epoch, dtype), OPTS, nan_envs=nan_envs)
+        train_epoch_batched(batched, _epoch(it, epoch, dtype), OPTS, nan_envs=nan_envs)
         if not nan_at:
             _assert_close(per_env, batched, epoch)
     return per_env, batched, groups
@@ -186,10 +202,13 @@ def _run_both(
 
 def test_batched_epochs_match_the_per_env_path(digits) -> None:
     _, batched, groups = _run_both(digits, 5, _script)
-    # epoch 0: one group of 4; 1: seeds {0,1} TRAINING, 2 GERMINATED, 3 bare; 2: the
-    # blending pair stays a group at different alphas; 3: the pruned env joins the
-    # rolled-back one.
-    assert groups == [[4], [2, 1, 1], [2, 1, 1], [2, 2], [2, 2]]
+    # All four hosts train as one batch every epoch. Slot r0c0 runs one seed kind for
+    # envs 0 and 1 (TRAINING, then BLENDING at different alphas); env 2's GERMINATED
+    # seed in r1c0 passes through until it is pruned.
+    s0 = batched[0].model.slot_ids[0]
+    assert groups == [{}, {s0: [2]}, {s0: [2]}, {s0: [2]}, {s0: [2]}]
+    # Whole-structure groups (the validation pass's) split where the seeds differ.
+    assert [len(g) for g in group_envs(batched)] == [2, 2]
     assert [e.model.slot(e.model.slot_ids[0]).alpha.alpha for e in batched[:2]] == [0.5, 0.25]
 
 
@@ -198,7 +217,7 @@ def test_a_nan_loss_poisons_only_its_own_env(digits) -> None:
         pass
 
     per_env, batched, groups = _run_both(digits, 2, nothing, nan_at={1: frozenset({1})})
-    assert groups == [[4], [4]]
+    assert groups == [{}, {}]
     for ea, eb in zip(per_env, batched, strict=True):
         params = list(eb.model.parameters())
         if ea.index == 1:
@@ -213,7 +232,7 @@ def test_unbatchable_envs_train_alone(digits) -> None:
     envs = _envs(digits)
     assert len({structure_key(e) for e in envs}) == 1
     envs[0].scaler = torch.amp.GradScaler("cpu")  # type: ignore[attr-defined]
-    assert structure_key(envs[0]) is None
+    assert structure_key(envs[0]) is None and host_key(envs[0]) is None
     _germinate(envs[1], envs[1].model.slot_ids[0], "conv_heavy", tempo=2)
     assert [len(g) for g in group_envs(envs)] == [1, 1, 2]
 
@@ -295,3 +314,23 @@ def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     assert [t.shape[0] for t in batched] == [4, 4, 3, 3]
     for a, b in zip(fused, batched, strict=True):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-5), (a, b)
+
+
+def test_one_seed_kind_in_every_env_matches_the_per_env_path(digits) -> None:
+    """A slot where every env runs the same seed kind (at different alphas) skips the
+    gather and scatter, and still matches the per-env path. In float64: in float32 the
+    freshly blended seeds' last-layer gradients (about 1e-3, summed over a batch with
+    cancellation) differ by up to 2 % between the two paths' summation orders; in float64
+    below 1e-7, so a tight comparison still catches a wrong alpha or row."""
+
+    def all_grow(envs: list[EnvState], epoch: int) -> None:
+        if epoch == 1:
+            for i, env in enumerate(envs):
+                _germinate(env, env.model.slot_ids[0], "conv_heavy", tempo=2 + 2 * (i % 2))
+                _drive(env, env.model.slot_ids[0], SeedStage.BLENDING)
+                env.model.tick(60.0)  # alpha 1/2 or 1/4
+
+    _, batched, groups = _run_both(digits, 3, all_grow, dtype=torch.float64)
+    s0 = batched[0].model.slot_ids[0]
+    assert groups == [{}, {s0: [N_ENVS]}, {s0: [N_ENVS]}]
+    assert {e.model.slot(s0).alpha.alpha for e in batched} == {0.5, 0.25}
