@@ -304,9 +304,9 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: CUDA only: float32 matmuls and convolutions on TF32 tensor cores (ignored on CPU,
     #: where runs stay bit-identical).
     tf32: bool = True
-    #: Train envs whose host networks share one structure as one batched graph
-    #: (``training/host_batching.py``). For GPUs, where per-env launches dominate; CPU
-    #: results equal the per-env path up to float summation order. CNN hosts only.
+    #: Train the envs' CNN hosts as one vmapped graph per batch, seeds grouped per slot
+    #: (``training/slot_groups.py``). For GPUs, where per-env launches dominate; results
+    #: equal the per-env path up to float summation order.
     batch_envs: bool = False
 
 

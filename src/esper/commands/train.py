@@ -103,7 +103,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--batch-envs",
         action="store_true",
         default=None,
-        help="train same-structure envs' hosts as one batched graph, for GPUs (default: off)",
+        help="train the envs' hosts as one batched graph, seeds grouped per slot; for GPUs "
+        "(default: off)",
     )
     parser.add_argument(
         "--save", metavar="PATH", help="checkpoint path (default: <run dir>/checkpoint.pt)"
