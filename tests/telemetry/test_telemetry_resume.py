@@ -67,3 +67,25 @@ def test_resume_truncates_the_old_tail_and_continues(tmp_path: Path) -> None:
     (resume,) = manifest.resumes
     assert resume.start_seq == 80 and resume.events_truncated == 21
     assert resume.config_hash == "def"
+
+
+def test_resume_leaves_other_ranks_in_flight_parts_alone(tmp_path: Path) -> None:
+    """Ranks resume at their own pace: rank 0's crash repair must not delete the part
+    rank 1 is writing under its dot tmp name (rank 1's writer then failed on it and the
+    whole torchrun job was lost), while its own stale tmp files still go."""
+    for rank in (0, 1):
+        with open_run(
+            tmp_path, "multi", level=TelemetryLevel.NORMAL, rank=rank, world_size=2
+        ) as hub:
+            hub.emit(_step(0))
+    assert hub.run_dir is not None
+    in_flight = type_rank_dir(hub.run_dir, "env_step", 1) / ".part-000009.parquet.tmp"
+    stale = type_rank_dir(hub.run_dir, "env_step", 0) / ".part-000009.parquet.tmp"
+    for path in (in_flight, stale):
+        path.write_bytes(b"half a part")
+    with open_run(
+        tmp_path, "multi", level=TelemetryLevel.NORMAL, rank=0, resume=True, start_seq=1
+    ) as hub0:
+        hub0.emit(_step(1))
+    assert in_flight.read_bytes() == b"half a part"
+    assert not stale.exists()

@@ -29,7 +29,6 @@ from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
 from esper.telemetry.paths import (
-    EVENTS_DIR,
     event_type_of,
     list_parts,
     manifest_path,
@@ -113,7 +112,10 @@ def prepare_resume(
     manifest.pid = os.getpid()
     manifest.hostname = socket.gethostname()
     recover_pending(run_dir, manifest, sink, save)
-    remove_stale_tmp(run_dir / EVENTS_DIR)
+    # Only this rank's directories: another rank of the same run may be writing a part
+    # under its dot tmp name right now (ranks resume at their own pace).
+    for tag in EVENT_TYPES:
+        remove_stale_tmp(type_rank_dir(run_dir, tag, rank))
     truncated = 0
     for tag, cls in EVENT_TYPES.items():
         truncated += truncate_from_seq(
