@@ -17,6 +17,7 @@ HOT_MODULES = [
     "training/trainer.py",
     "training/batch_ops.py",
     "training/host_batching.py",
+    "training/slot_groups.py",
     "training/action_execution.py",
     "training/env_factory.py",
     "training/env_state.py",
