@@ -15,15 +15,19 @@ SCRIPT = ROOT / "benchmarks" / "learning.py"
 POLICIES = ["ppo", "heuristic", "eager", "random", "static"]
 
 
-def _run(out: Path, *args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), *args],
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
         check=False,
     )
+
+
+def _run(out: Path, *args: str) -> None:
+    proc = _invoke("--out", str(out), *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -73,21 +77,9 @@ def test_merge_rounds_refuses_more_rounds_than_a_file_has_and_needs_merge(
 ) -> None:
     _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static", "--name", "s")
     merge = ("--merge", str(tmp_path / "s.json"), "--rounds", "4")
-    longer = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *merge],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    longer = _invoke("--out", str(tmp_path), *merge)
     assert longer.returncode != 0 and "only 3 rounds" in longer.stderr
-    alone = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rounds", "2"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    alone = _invoke("--rounds", "2")
     assert alone.returncode == 2 and "--rounds" in alone.stderr
 
 
@@ -111,13 +103,7 @@ def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> No
     assert data["runs"]["ppo"]["0"]["reward"] == var["runs"]["ppo"]["0"]["reward"]
     assert set(data["runs"]) == {"ppo", "static"}
     assert "ppo-static:reward" in data["summary"]["paired"]
-    twice = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--merge", *files],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    twice = _invoke("--out", str(tmp_path), "--merge", *files)
     assert twice.returncode != 0 and "ppo seed 0 is in two files" in twice.stderr
 
 
@@ -132,11 +118,5 @@ def test_merge_compares_resolved_configs(tmp_path: Path) -> None:
     _run(tmp_path, "--merge", str(tmp_path / "same.json"), "--baselines", base, "--name", "m")
     assert set(json.loads((tmp_path / "m.json").read_text())["runs"]) == {"ppo", "static"}
     merge = ("--merge", str(tmp_path / "other.json"), "--baselines", base)
-    other = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *merge],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
+    other = _invoke("--out", str(tmp_path), *merge)
     assert other.returncode != 0 and "different configuration" in other.stderr

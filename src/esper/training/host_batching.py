@@ -27,11 +27,10 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call
 
 from esper.core.enums import SeedStage, Topology
@@ -97,29 +96,6 @@ def group_envs(envs: Sequence[EnvState]) -> list[list[EnvState]]:
         key = structure_key(env)
         groups.setdefault(("single", env.index) if key is None else key, []).append(env)
     return list(groups.values())
-
-
-@dataclass
-class _Member:
-    """One env of a group, its tensors looked up once per epoch."""
-
-    env: EnvState
-    params: dict[str, nn.Parameter]
-    buffers: dict[str, Tensor]
-    optimizers: dict[str, torch.optim.SGD]  # parameter name -> its SGD (if any)
-
-    @classmethod
-    def of(cls, env: EnvState) -> _Member:
-        owners = sgd_owners(env)
-        assert owners is not None, "structure_key admits only batchable optimizers"
-        params = dict(env.model.named_parameters())
-        optimizers = {n: owners[id(p)][0] for n, p in params.items() if id(p) in owners}
-        return cls(env, params, dict(env.model.named_buffers()), optimizers)
-
-    def momentum(self, name: str) -> Tensor | None:
-        p = self.params[name]
-        buf = self.optimizers[name].state.get(p, {}).get("momentum_buffer")
-        return None if buf is None else buf.detach()
 
 
 def stack_batches(steps: Sequence[Sequence[Batch]], members: Sequence[int]) -> list[Batch] | None:
@@ -223,9 +199,10 @@ def _validate_group(
     """[N, 2 + K] ``val_layout(K)`` rows: every env's K configurations in one graph."""
     for env in envs:
         env.model.eval()
-    members = [_Member.of(env) for env in envs]
-    params = {n: torch.stack([m.params[n] for m in members]) for n in members[0].params}
-    buffers = {n: torch.stack([m.buffers[n] for m in members]) for n in members[0].buffers}
+    named = [dict(env.model.named_parameters()) for env in envs]
+    named_buffers = [dict(env.model.named_buffers()) for env in envs]
+    params = {n: torch.stack([m[n] for m in named]) for n in named[0]}
+    buffers = {n: torch.stack([m[n] for m in named_buffers]) for n in named_buffers[0]}
     # No active seed (None): one row, the current alphas (seeds that blend nothing).
     rows = [
         e.model.current_alphas()[None] if a is None else a

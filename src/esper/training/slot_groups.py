@@ -79,13 +79,13 @@ def host_key(env: EnvState) -> Hashable | None:
     return (str(env.device), env.model.slot_ids, params, buffers)
 
 
-def _seed_kind(env: EnvState, slot_id: str) -> Hashable | None:
+def _seed_kind(
+    env: EnvState, slot_id: str, owners: dict[int, tuple[torch.optim.SGD, SgdSettings]]
+) -> Hashable | None:
     """What decides a slot's seed code and update; None where the slot passes through."""
     slot = env.model.slot(slot_id)
     if not _in_forward(slot):
         return None
-    owners = sgd_owners(env)
-    assert owners is not None
     params = tuple(
         (n, tuple(p.shape), p.requires_grad, owners.get(id(p), (None, None))[1])
         for n, p in slot.named_parameters()
@@ -133,7 +133,9 @@ class HostBatch:
         for slot_id in self.model.slot_ids:
             by_kind: dict[Hashable, list[int]] = {}
             for i, env in enumerate(envs):
-                kind = _seed_kind(env, slot_id)
+                owners = self.owners[i]
+                assert owners is not None, "host_key admits only batchable optimizers"
+                kind = _seed_kind(env, slot_id, owners)
                 if kind is not None:
                     by_kind.setdefault(kind, []).append(i)
             prefix = f"slots.{slot_id}."
@@ -148,6 +150,7 @@ class HostBatch:
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
         self.accum = torch.zeros(len(envs), TRAIN_ACCUM.width, device=self.device)
         self.stepped: set[str] = set()
+        self._by_key: dict[str, tuple[dict[str, Tensor], dict[str, Tensor]]] = {}
         self._loss = torch.vmap(loss_and_correct)
 
     @torch.no_grad()
@@ -179,10 +182,20 @@ class HostBatch:
         buf = owner[id(p)][0].state.get(p, {}).get("momentum_buffer")
         return torch.zeros_like(p) if buf is None else buf.detach()
 
+    def _under(self, key: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The stacked parameters and buffers under ``key``, relative names (looked up
+        once per batch object: the stacked tensors are updated in place, never replaced)."""
+        found = self._by_key.get(key)
+        if found is None:
+            cut = len(key)
+            params = {k[cut:]: s.tensor for k, s in self.params.items() if k.startswith(key)}
+            bufs = {k[cut:]: s.tensor for k, s in self.buffers.items() if k.startswith(key)}
+            found = self._by_key[key] = (params, bufs)
+        return found
+
     def _call(self, module: nn.Module, key: str, h: Tensor, *extra: Tensor) -> Tensor:
         """``module`` vmapped over the stacked tensors under ``key``."""
-        params = {k[len(key) :]: s.tensor for k, s in self.params.items() if k.startswith(key)}
-        bufs = {k[len(key) :]: s.tensor for k, s in self.buffers.items() if k.startswith(key)}
+        params, bufs = self._under(key)
 
         def one(p: dict[str, Tensor], b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
             out: Tensor = functional_call(module, (p, b), (z, *e))
