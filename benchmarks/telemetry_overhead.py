@@ -74,6 +74,10 @@ def summarise(samples: dict[str, list[T.Measurement]]) -> dict[str, Any]:
             "paired_ratio": C.median(paired),
             "cpu_eps": cpu_eps,
             "cpu_ratio_to_off": C.ratio(cpu_eps, off_cpu),
+            "writer_cpu_share": C.median([m.writer_cpu_s / m.cpu_s for m in ms]),
+            "writer_cpu_us_per_event": C.median(
+                [1e6 * m.writer_cpu_s / m.events if m.events else 0.0 for m in ms]
+            ),
             "events": ms[0].events,
             "events_per_env_step": ms[0].events / steps if steps else None,
             "bytes_on_disk": ms[0].bytes_on_disk,
@@ -91,6 +95,8 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
             "ratio to off",
             "paired",
             "CPU ratio",
+            "writer CPU",
+            "us/event",
             "min..max EPS",
             "events/env-step",
             "bytes/env-step",
@@ -102,6 +108,8 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
                 r["ratio_to_off"],
                 r["paired_ratio"],
                 r["cpu_ratio_to_off"],
+                f"{100 * r['writer_cpu_share']:.2f} %",
+                r["writer_cpu_us_per_event"],
                 f"{min(r['samples']):.2f}..{max(r['samples']):.2f}",
                 r["events_per_env_step"] or 0.0,
                 r["bytes_per_env_step"] or 0.0,
@@ -111,7 +119,9 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
     )
     print(
         "ratio = median EPS / median EPS at off; paired = median of the per-repeat ratios; "
-        "CPU ratio = the same from process CPU time (every thread, steadier under load)"
+        "CPU ratio = the same from process CPU time (every thread, steadier under load); "
+        "writer CPU = the writer's own CPU time (per thread) as a share of the process's, "
+        "and per event written"
     )
     normal = per_level.get("normal", {}).get("ratio_to_off")
     if normal is not None:

@@ -42,6 +42,8 @@ QUICK_EVENTS = 2_000
 DEFAULT_REPEATS = 3
 TARGET_SPEEDUP = 10.0
 TARGET_BYTES_FRACTION = 0.2
+#: CPU the writer may spend per event (its manifest's ``cpu_ns``), microseconds.
+TARGET_WRITER_CPU_US = 1.0
 WRITERS = ("parquet", "jsonl")
 #: The bounded-memory pass streams this many times the benchmark's events ...
 MEMORY_FACTOR = 5
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             "samples": rates,
             "bytes_per_event": median_bytes / n,
         }
+    writer_cpu_us = C.median([c["cpu_ns"] / 1e3 / n for c in counters])
+    results["parquet"]["writer_cpu_us_per_event"] = writer_cpu_us
     speedup = C.ratio(results["parquet"]["events_per_s"], results["jsonl"]["events_per_s"])
     bytes_fraction = C.ratio(
         results["parquet"]["bytes_per_event"], results["jsonl"]["bytes_per_event"]
@@ -164,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Writer throughput, {n:,} events x {repeats} repeats (median)",
         ["writer", "events/s", "bytes/event"],
         [[w, r["events_per_s"], r["bytes_per_event"]] for w, r in results.items()],
+    )
+    print(
+        f"writer thread CPU: {writer_cpu_us:.2f} us per event "
+        f"(target <= {TARGET_WRITER_CPU_US:g} us; conversion, Parquet, merges, manifests)"
     )
     marks = ", ".join(f"{v:.0f}" for v in memory["rss_mb_at_marks"])
     print(f"RSS (MB) while {memory['events']:,} events stream through the hub: {marks}")
@@ -185,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             "writers": results,
             "speedup": speedup,
             "bytes_fraction": bytes_fraction,
-            "targets": {"speedup": TARGET_SPEEDUP, "bytes_fraction": TARGET_BYTES_FRACTION},
+            "targets": {
+                "speedup": TARGET_SPEEDUP,
+                "bytes_fraction": TARGET_BYTES_FRACTION,
+                "writer_cpu_us_per_event": TARGET_WRITER_CPU_US,
+            },
             "parquet_writer_counters": counters,
             "memory": memory,
         },

@@ -90,3 +90,38 @@ def test_compacted_files_carry_checksums_too(tmp_path: Path) -> None:
         _scribble(copy, random.Random(100 + trial))
         with pytest.raises(OSError):
             pq.read_table(copy, page_checksum_verification=True)
+
+
+def test_merge_from_held_tables_writes_what_a_merge_from_files_writes(tmp_path: Path) -> None:
+    sink = ParquetSink()
+    tables = [_table(0), _table(ROWS), _table(2 * ROWS)]
+    outputs = {}
+    for held in (False, True):
+        inputs = [tmp_path / f"{held}-{i}.parquet" for i in range(len(tables))]
+        for table, path in zip(tables, inputs, strict=True):
+            sink.write_table(table, path)
+        outputs[held] = tmp_path / f"merged-{held}.parquet"
+        compact_parts(
+            sink=sink,
+            manifest=_manifest(),
+            save=lambda _m: None,
+            event_type="env_step",
+            inputs=inputs,
+            output=outputs[held],
+            schema=tables[0].schema,
+            contents=tables if held else None,
+        )
+        assert not any(p.exists() for p in inputs)
+    assert pq.read_table(outputs[True]).equals(pq.read_table(outputs[False]))
+    assert pq.read_table(outputs[True]).num_rows == len(tables) * ROWS
+    with pytest.raises(ValueError, match="2 tables given for 1 parts"):
+        compact_parts(
+            sink=sink,
+            manifest=_manifest(),
+            save=lambda _m: None,
+            event_type="env_step",
+            inputs=[outputs[True]],
+            output=tmp_path / "never.parquet",
+            schema=tables[0].schema,
+            contents=tables[:2],
+        )

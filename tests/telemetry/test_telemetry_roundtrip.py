@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import msgspec.inspect as mi
 import pyarrow.parquet as pq
 from _telemetry_support import (
@@ -23,9 +24,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from esper.core.enums import TelemetryLevel
-from esper.telemetry.arrow_schema import META_EVENT_TYPE, META_SCHEMA_VERSION, event_schema
+from esper.telemetry.arrow_schema import (
+    CONVERT_SLICE_EVENTS,
+    META_EVENT_TYPE,
+    META_SCHEMA_VERSION,
+    event_schema,
+    events_to_table,
+)
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION, Event
 from esper.telemetry.hub import open_run
+from esper.telemetry.manifest import read_manifest
+from esper.telemetry.paths import manifest_path
 
 ONE_OF_EACH = st.tuples(*(event_strategy(EVENT_TYPES[tag]) for tag in sorted(EVENT_TYPES)))
 
@@ -132,3 +141,24 @@ def test_edge_values_round_trip_exactly(tmp_path: Path) -> None:
             for name, value in as_row(event).items():
                 if isinstance(value, float) and value == 0.0:
                     assert math.copysign(1.0, value) == math.copysign(1.0, row[name])
+
+
+def test_conversion_spanning_several_slices_keeps_every_row_in_order() -> None:
+    """A batch longer than one conversion slice: rows stay complete and in emit order."""
+    cls = EVENT_TYPES["action_taken"]
+    n = 2 * CONVERT_SLICE_EVENTS + 7
+    events = [_edge_event(cls, i % 6) for i in range(n)]
+    events = [msgspec.structs.replace(e, seq=i, step=i) for i, e in enumerate(events)]
+    table = events_to_table(cls, events)
+    assert table.num_rows == n and table.schema == event_schema(cls)
+    rows = table.to_pylist()
+    for event, row in zip(events, rows, strict=True):
+        assert rows_equal(as_row(event), row) == [], (as_row(event), row)
+
+
+def test_manifest_counts_the_writers_cpu_time(tmp_path: Path) -> None:
+    with open_run(tmp_path, "cpu", level=TelemetryLevel.NORMAL) as hub:
+        for i in range(100):
+            hub.emit(minimal_event(EVENT_TYPES["env_step"], step=i))
+    assert hub.run_dir is not None
+    assert read_manifest(manifest_path(hub.run_dir, 0)).writer.cpu_ns > 0

@@ -16,6 +16,7 @@ from _telemetry_support import all_seqs, minimal_event, read_type
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
 from esper.telemetry.compaction import live_parts, recover_pending
+from esper.telemetry.events import EVENT_TYPES
 from esper.telemetry.hub import TelemetryHub, open_run
 from esper.telemetry.manifest import read_manifest, read_manifests, write_manifest
 from esper.telemetry.paths import list_parts, manifest_path, type_rank_dir
@@ -194,3 +195,26 @@ def test_interrupted_compaction_neither_loses_nor_duplicates(tmp_path: Path) -> 
     recover_pending(hub.run_dir, manifest, ParquetSink(), lambda m: write_manifest(path, m))
     assert [p.name for _, p in list_parts(directory)] == [on_disk[-1]]
     assert read_manifest(path).pending_compactions == []
+
+
+class ScribblingSink(ParquetSink):
+    """Damages every per-flush part right after writing it (merged files stay intact)."""
+
+    def write_table(self, table: pa.Table, path: Path) -> int:
+        size = super().write_table(table, path)
+        data = bytearray(path.read_bytes())
+        data[4:36] = bytes(32)  # inside the first column chunk's data
+        path.write_bytes(bytes(data))
+        return size
+
+
+def test_the_close_merge_rewrites_fresh_parts_from_memory(tmp_path: Path) -> None:
+    """The writer merges the tables it wrote, not the files read back: a part damaged on
+    disk after it was written still ends as the right rows in the merged file."""
+    with open_run(tmp_path, "held", level=TelemetryLevel.NORMAL, sink=ScribblingSink()) as hub:
+        for i in range(30):
+            hub.emit(minimal_event(EVENT_TYPES["env_step"], step=i))
+            if i % 10 == 9:
+                hub.flush()  # three fresh parts
+    assert hub.run_dir is not None
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(30))

@@ -40,10 +40,16 @@ SaveManifest = Callable[[Manifest], None]
 
 def _batched(paths: Iterable[Path], schema: pa.Schema) -> Iterator[pa.Table]:
     """Read small part files and regroup them into row-group-sized tables."""
+    return _regrouped(
+        pq.read_table(path, schema=schema, page_checksum_verification=True) for path in paths
+    )
+
+
+def _regrouped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """Small tables regrouped into row-group-sized ones (consumed lazily)."""
     pending: list[pa.Table] = []
     rows = 0
-    for path in paths:
-        table = pq.read_table(path, schema=schema, page_checksum_verification=True)
+    for table in tables:
         pending.append(table)
         rows += table.num_rows
         if rows >= COMPACT_ROW_GROUP_ROWS:
@@ -97,8 +103,16 @@ def compact_parts(
     inputs: list[Path],
     output: Path,
     schema: pa.Schema,
+    contents: list[pa.Table] | None = None,
 ) -> int:
-    """Merge ``inputs`` (in order) into ``output`` with the crash-safe rewrite."""
+    """Merge ``inputs`` (in order) into ``output`` with the crash-safe rewrite.
+
+    ``contents``: the inputs' tables, one per input, when the caller still holds what it
+    wrote (the writer does, for its recent parts): the merge then reads no file.
+    """
+    if contents is not None and len(contents) != len(inputs):
+        raise ValueError(f"{len(contents)} tables given for {len(inputs)} parts")
+    tables = _batched(inputs, schema) if contents is None else _regrouped(contents)
     return rewrite_parts(
         sink=sink,
         manifest=manifest,
@@ -106,7 +120,7 @@ def compact_parts(
         event_type=event_type,
         inputs=inputs,
         output=output,
-        tables=_batched(inputs, schema),
+        tables=tables,
         schema=schema,
     )
 

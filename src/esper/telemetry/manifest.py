@@ -42,6 +42,10 @@ class WriterCounters(msgspec.Struct, kw_only=True):
     blocked_emits: int = 0
     dropped: int = 0
     compactions: int = 0
+    #: CPU time of the writing itself (Arrow conversion, Parquet encoding, merges,
+    #: manifests), measured per thread: the writer thread's, plus the final merge that
+    #: ``close`` runs. Manifest only (the ``writer_stats`` event's schema is unchanged).
+    cpu_ns: int = 0
 
 
 class Compaction(msgspec.Struct, kw_only=True):

@@ -9,7 +9,8 @@ and renamed into place), then rewrites ``manifest.json`` atomically with the new
 interval plus the time to write one batch, and a ``kill -9`` loses at most the events of
 the last flush interval: every earlier event is in a closed file. Too many
 small files are merged as the run goes (every :data:`ROLLING_COMPACT_PARTS` parts) and
-everything is merged into one file per type on close; merges follow the
+everything is merged into one file per type on close, from the tables the writer
+still holds (:data:`FRESH_CACHE_BYTES`) rather than files read back; merges follow the
 intent-first protocol of :mod:`esper.telemetry.compaction`, so no event is ever lost
 or duplicated by a merge.
 
@@ -31,6 +32,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Final
 
+import pyarrow as pa
+
 from esper.core.enums import RunStatus
 from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
@@ -45,6 +48,11 @@ from esper.telemetry.sink import PartSink
 WAKES_PER_INTERVAL: Final = 2
 #: Merge a type's fresh part files once this many have accumulated during a run.
 ROLLING_COMPACT_PARTS: Final = 128
+#: Bytes of Arrow tables the writer keeps of its parts since their type's last merge, so
+#: a merge rewrites them from memory instead of reading every small file back (reading
+#: a part cost about as much CPU as writing it). A type whose parts outgrow the budget
+#: is merged from its files.
+FRESH_CACHE_BYTES: Final = 16 * 1024 * 1024
 #: How long ``close`` waits for the writer thread to finish its last drain.
 JOIN_TIMEOUT_S: Final = 120.0
 
@@ -90,6 +98,10 @@ class EventWriter:
         self._io_path: Path = manifest_path(run_dir, self.rank)
         self._next_part: dict[str, int] = {}
         self._fresh: dict[str, list[Path]] = defaultdict(list)
+        #: The tables of ``_fresh``'s parts, per type, while they fit the budget (None
+        #: once a type's did not: that type is merged from its files).
+        self._fresh_tables: dict[str, list[pa.Table] | None] = {}
+        self._cached_bytes = 0
         self._thread = threading.Thread(
             target=self._run, name=f"esper-telemetry-{manifest.run_id}", daemon=True
         )
@@ -143,10 +155,12 @@ class EventWriter:
     def finalize(self, status: RunStatus, error: str) -> None:
         """Merge each type's parts into one file and write the final manifest."""
         if self.error is None:
+            cpu_start = time.thread_time_ns()
             try:
                 self._compact_all()
             except Exception as exc:
                 self._fail(exc)
+            self.counters.cpu_ns += time.thread_time_ns() - cpu_start
         self.manifest.status = status.value if self.error is None else RunStatus.FAILED.value
         self.manifest.error = error or (str(self.error) if self.error else "")
         self.manifest.finished_ns = time.time_ns()
@@ -182,10 +196,13 @@ class EventWriter:
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
                 self._room.notify_all()
             deadline = time.monotonic() + self._period_s
+            cpu_start = time.thread_time_ns()
             try:
                 self._write_batch(batch)
                 self._rolling_compaction()
                 self.save_manifest()
+                # The manifest just saved lags by its own write; the next one has it.
+                self.counters.cpu_ns += time.thread_time_ns() - cpu_start
             except BaseException as exc:
                 self._fail(exc)
                 return
@@ -208,11 +225,32 @@ class EventWriter:
             self._io_path = path
             size = self.sink.write_table(table, path)
             self._fresh[tag].append(path)
+            self._keep(tag, table)
             self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
             self.counters.bytes_written += size
             self.counters.events_written += len(events)
         self.counters.flushes += 1
         self.manifest.last_seq = batch[-1].seq
+
+    def _keep(self, tag: str, table: pa.Table) -> None:
+        """Hold a fresh part's table for its merge, or stop holding the type's (budget)."""
+        held = self._fresh_tables.get(tag, [])
+        if held is None:
+            return
+        if self._cached_bytes + table.nbytes > FRESH_CACHE_BYTES:
+            self._take_held(tag)
+            self._fresh_tables[tag] = None
+            return
+        held.append(table)
+        self._fresh_tables[tag] = held
+        self._cached_bytes += table.nbytes
+
+    def _take_held(self, tag: str) -> list[pa.Table] | None:
+        """The held tables of ``tag``'s fresh parts (None if not all held), released."""
+        held = self._fresh_tables.pop(tag, None)
+        for table in held or ():
+            self._cached_bytes -= table.nbytes
+        return held
 
     def _next_part_path(self, tag: str) -> Path:
         directory = type_rank_dir(self.run_dir, tag, self.rank)
@@ -243,6 +281,7 @@ class EventWriter:
         self._fresh.clear()
 
     def _merge(self, tag: str, inputs: list[Path]) -> None:
+        held = self._take_held(tag)
         output = self._next_part_path(tag)
         self._io_path = output
         compact_parts(
@@ -253,6 +292,7 @@ class EventWriter:
             inputs=inputs,
             output=output,
             schema=event_schema(EVENT_TYPES[tag]),
+            contents=held if held is not None and len(held) == len(inputs) else None,
         )
         self.counters.compactions += 1
 
