@@ -134,6 +134,9 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: Mask GERMINATE once too few steps remain for a new seed to blend before the
     #: episode ends (it could only cost parameters).
     mask_late_germination: bool = False
+    #: Mask PRUNE until a seed has started blending: before that no counterfactual has
+    #: measured it, so pruning only throws its training away.
+    prune_after_blending: bool = False
     #: Initial op-head logit bias per op (learned from there on); unnamed ops start at 0.
     op_prior: dict[OpName, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_OP_PRIOR))
     #: Host signals (observation features and the heuristic): plateau epochs and the

@@ -202,3 +202,25 @@ def test_germination_deadline_masks_only_germinate() -> None:
     ]:
         m = compute_masks([env], sp, max_seeds=3, device="cpu", steps_left=steps_left)[0]
         assert valid_ops(m) == ({Op.WAIT, Op.GERMINATE} if germinate else {Op.WAIT})
+
+
+def test_prune_after_blending_masks_prune_of_unmeasured_seeds_only() -> None:
+    age = MIN_PRUNE_AGE + 1
+    env = [
+        report("a", S.GERMINATED, age_epochs=age),
+        report("b", S.TRAINING, age_epochs=age),
+        report("c", S.BLENDING, age_epochs=age),
+        report("d", S.HOLDING, age_epochs=age),
+    ]
+    sp = ActionSpace(tuple(r.slot_id for r in env), Topology.CNN)
+    default = compute_masks([env], sp, max_seeds=4, device="cpu")[0]
+    gated = compute_masks([env], sp, max_seeds=4, device="cpu", prune_after_blending=True)[0]
+    assert default.slot[Op.PRUNE].tolist() == [True, True, True, True]
+    assert gated.slot[Op.PRUNE].tolist() == [False, False, True, True]
+    for op in Op:  # nothing but PRUNE changes
+        if op != Op.PRUNE:
+            assert torch.equal(default.slot[op], gated.slot[op])
+    only_young = [report("a", S.TRAINING, age_epochs=age), report("b")]
+    sp2 = ActionSpace(("a", "b"), Topology.CNN)
+    m = compute_masks([only_young], sp2, max_seeds=4, device="cpu", prune_after_blending=True)[0]
+    assert Op.PRUNE not in valid_ops(m)

@@ -51,6 +51,10 @@ OCCUPYING: Final = (
 )
 #: Stages whose seed may be pruned (every occupying stage but FOSSILIZED).
 PRUNABLE: Final = (SeedStage.GERMINATED, SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING)
+#: With ``policy.prune_after_blending``: the stages where a seed's contribution has been
+#: measured (its counterfactual exists from blending on); before that a PRUNE throws the
+#: seed's training away on no evidence.
+PRUNABLE_AFTER_BLENDING: Final = (SeedStage.BLENDING, SeedStage.HOLDING)
 #: Stages whose alpha target may be changed.
 RETARGETABLE: Final = (SeedStage.BLENDING, SeedStage.HOLDING)
 #: Allowed transitions; anything else raises.

@@ -34,6 +34,7 @@ from esper.core.constants import (
     MIN_PRUNE_AGE,
     OCCUPYING,
     PRUNABLE,
+    PRUNABLE_AFTER_BLENDING,
     RETARGETABLE,
 )
 from esper.core.enums import LifecycleOp, SeedStage
@@ -147,11 +148,13 @@ def build_mask_arrays(
     *,
     max_seeds: int,
     steps_left: int | None = None,
+    prune_after_blending: bool = False,
 ) -> dict[str, np.ndarray]:
     """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B].
 
     ``steps_left``: steps of the episode still to play, this one included (``None``: no
-    germination deadline)."""
+    germination deadline). ``prune_after_blending``: PRUNE only seeds that have started
+    blending (see :data:`PRUNABLE_AFTER_BLENDING`)."""
     n, s = len(reports), space.n_slots
     rows = [
         (
@@ -187,8 +190,9 @@ def build_mask_arrays(
         (stage == STAGE_CODE[SeedStage.GERMINATED]) | trained | blended
     )
     slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
+    prunable = PRUNABLE_AFTER_BLENDING if prune_after_blending else PRUNABLE
     slot[:, LifecycleOp.PRUNE] = (
-        steady & at_rest & (age >= MIN_PRUNE_AGE) & np.isin(stage, _codes(PRUNABLE))
+        steady & at_rest & (age >= MIN_PRUNE_AGE) & np.isin(stage, _codes(prunable))
     )
     slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & np.isin(stage, _codes(RETARGETABLE))
     op: np.ndarray = np.asarray(slot.any(axis=2))
@@ -205,9 +209,16 @@ def compute_masks(
     max_seeds: int,
     device: torch.device | str,
     steps_left: int | None = None,
+    prune_after_blending: bool = False,
 ) -> ActionMasks:
     """Masks for all envs: rules evaluated on the host, one host-to-device transfer."""
-    arrays = build_mask_arrays(reports, space, max_seeds=max_seeds, steps_left=steps_left)
+    arrays = build_mask_arrays(
+        reports,
+        space,
+        max_seeds=max_seeds,
+        steps_left=steps_left,
+        prune_after_blending=prune_after_blending,
+    )
     n, sizes = len(reports), space.head_sizes
     parts = [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]]
     packed_np = np.concatenate([*parts, arrays["alpha_target"]], axis=1)

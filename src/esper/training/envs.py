@@ -164,6 +164,7 @@ class HostEnvs:
             max_seeds=self.cfg.host.max_seeds,
             device=self.policy_device,
             steps_left=self.horizon - step if deadline else None,
+            prune_after_blending=self.cfg.policy.prune_after_blending,
         )
         trackers = [e.tracker for e in envs]
         obs, bp_ids = build_features(
