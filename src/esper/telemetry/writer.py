@@ -52,7 +52,7 @@ ROLLING_COMPACT_PARTS: Final = 128
 #: a merge rewrites them from memory instead of reading every small file back (reading
 #: a part cost about as much CPU as writing it). A type whose parts outgrow the budget
 #: is merged from its files.
-FRESH_CACHE_BYTES: Final = 16 * 1024 * 1024
+FRESH_CACHE_BYTES: Final = 4 * 1024 * 1024
 #: How long ``close`` waits for the writer thread to finish its last drain.
 JOIN_TIMEOUT_S: Final = 120.0
 
