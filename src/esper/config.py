@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,6 +40,7 @@ from esper.core.constants import (
 )
 from esper.core.enums import (
     AmpMode,
+    GerminationStyle,
     ParamCostBasis,
     PolicyKind,
     RewardFamily,
@@ -63,6 +65,8 @@ EnvCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENVS)]
 DEVICE_PATTERN = re.compile(r"(cpu|cuda)(:\d+)?")
 #: Lifecycle op names as config keys (``esper.core.enums.LifecycleOp``, lower case).
 OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
+#: Germination style names as config values (``esper.core.enums.GerminationStyle``).
+StyleName = Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"]
 #: A prior is a nudge, not a mask: beyond this an op would be all but impossible.
 MAX_OP_PRIOR = 5.0
 #: Default exploration prior: see ``docs/training.md`` ("The initial op prior").
@@ -131,6 +135,10 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: Alpha targets every policy may choose (germination and retarget heads; masked
     #: otherwise); empty: all of ``ALPHA_TARGETS``.
     alpha_targets: list[float] = msgspec.field(default_factory=list)
+    #: Germination styles (style head) and blend tempos in epochs (tempo head) every
+    #: policy may choose; empty: all of them (``GerminationStyle``, ``TEMPOS``).
+    styles: list[StyleName] = msgspec.field(default_factory=list)
+    tempos: list[int] = msgspec.field(default_factory=list)
     #: Mask GERMINATE once too few steps remain for a new seed to blend before the
     #: episode ends (it could only cost parameters).
     mask_late_germination: bool = False
@@ -151,9 +159,7 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     heuristic_blueprints: list[str] = msgspec.field(
         default_factory=lambda: list(HEURISTIC_BLUEPRINT_ORDER)
     )
-    heuristic_style: Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"] = (
-        HEURISTIC_STYLE
-    )
+    heuristic_style: StyleName = HEURISTIC_STYLE
     heuristic_tempo: Positive = HEURISTIC_TEMPO
     heuristic_alpha_target: PositiveFloat = HEURISTIC_ALPHA_TARGET
     heuristic_stall_epochs: Positive = HEURISTIC_STALL_EPOCHS
@@ -359,7 +365,7 @@ def _validate(cfg: Config) -> Config:
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
         raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
     _check_blueprint_names(cfg.policy.blueprints, "blueprints")
-    _check_alpha_targets(cfg.policy)
+    _check_menus(cfg.policy)
     _validate_heuristic(cfg.policy)
     if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:
         raise ConfigError(
@@ -382,22 +388,31 @@ def _check_blueprint_names(names: list[str], key: str) -> None:
             raise ConfigError(f"$.policy.{key}[{i}]: {name!r} listed twice")
 
 
-def _check_alpha_targets(policy: PolicyConfig) -> None:
-    """The alpha menu: values the head can encode, none twice, and the heuristic's own
-    target among them (it would otherwise choose a masked value)."""
-    menu = policy.alpha_targets
+def _check_menu(menu: Sequence[object], allowed: Sequence[object], key: str) -> None:
+    """A head's menu: values the head can encode, none listed twice."""
     for i, value in enumerate(menu):
-        if value not in ALPHA_TARGETS:
-            raise ConfigError(
-                f"$.policy.alpha_targets[{i}]: must be one of {list(ALPHA_TARGETS)}, got {value}"
-            )
+        if value not in allowed:
+            raise ConfigError(f"$.policy.{key}[{i}]: must be one of {list(allowed)}, got {value!r}")
         if value in menu[:i]:
-            raise ConfigError(f"$.policy.alpha_targets[{i}]: {value} listed twice")
-    if menu and policy.heuristic_alpha_target not in menu:
-        raise ConfigError(
-            f"$.policy.heuristic_alpha_target: {policy.heuristic_alpha_target} is not in "
-            f"policy.alpha_targets {menu}"
-        )
+            raise ConfigError(f"$.policy.{key}[{i}]: {value!r} listed twice")
+
+
+def _check_menus(policy: PolicyConfig) -> None:
+    """The alpha-target, style and tempo menus, each with the heuristic's own choice in
+    it (the heuristic would otherwise choose a masked value)."""
+    styles = [s.name.lower() for s in GerminationStyle]
+    menus = (
+        ("alpha_targets", policy.alpha_targets, ALPHA_TARGETS, "heuristic_alpha_target"),
+        ("styles", policy.styles, styles, "heuristic_style"),
+        ("tempos", policy.tempos, TEMPOS, "heuristic_tempo"),
+    )
+    for key, menu, allowed, heuristic_key in menus:
+        _check_menu(menu, allowed, key)
+        choice = getattr(policy, heuristic_key)
+        if menu and choice not in menu:
+            raise ConfigError(
+                f"$.policy.{heuristic_key}: {choice!r} is not in policy.{key} {list(menu)}"
+            )
 
 
 def _validate_heuristic(policy: PolicyConfig) -> None:

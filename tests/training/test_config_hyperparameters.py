@@ -150,6 +150,11 @@ def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) ->
         ("alpha_targets", [1.0, 0.6], "$.policy.alpha_targets[1]: must be one of [0.5, 0.7, 1.0]"),
         ("alpha_targets", [0.7, 0.7], "$.policy.alpha_targets[1]: 0.7 listed twice"),
         ("alpha_targets", [0.5], "heuristic_alpha_target: 1.0 is not in policy.alpha_targets"),
+        ("tempos", [5, 4], "$.policy.tempos[1]: must be one of [3, 5, 8], got 4"),
+        ("tempos", [5, 5], "$.policy.tempos[1]: 5 listed twice"),
+        ("tempos", [3], "heuristic_tempo: 5 is not in policy.tempos [3]"),
+        ("styles", ["linear_add", "linear_add"], "$.policy.styles[1]: 'linear_add' listed twice"),
+        ("styles", ["gated_gate"], "heuristic_style: 'linear_add' is not in policy.styles"),
     ],
 )
 def test_bad_heuristic_settings_are_named(key: str, value: object, message: str) -> None:
@@ -237,3 +242,27 @@ def test_policy_alpha_targets_mask_the_alpha_head() -> None:
     assert masks.blueprint.shape[0] == 2 and masks.tempo.all()
     full = action_space_for(config_from_dict({}), data)
     assert compute_masks(reports, full, max_seeds=3, device="cpu").alpha_target.all()
+
+
+def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
+    """The style and tempo menus reach the masks every policy samples from."""
+    from esper.config import config_from_dict
+    from esper.core.enums import GerminationStyle
+    from esper.data.tasks import load_task
+    from esper.model import build_model
+    from esper.policy.masks import compute_masks
+    from esper.training.run import action_space_for
+
+    cfg = config_from_dict({"policy": {"styles": ["linear_add", "gated_gate"], "tempos": [5]}})
+    data = load_task(cfg.task, seed=0)
+    space = action_space_for(cfg, data)
+    assert space.styles == (GerminationStyle.LINEAR_ADD, GerminationStyle.GATED_GATE)
+    reports = [build_model(cfg.host, data.spec, seed=0).slot_reports()] * 2
+    masks = compute_masks(reports, space, max_seeds=3, device="cpu")
+    assert masks.style.tolist() == [[True, False, False, True]] * 2
+    assert masks.tempo.tolist() == [[False, True, False]] * 2
+    assert masks.alpha_target.all() and masks.alpha_speed.all()
+    full = compute_masks(
+        reports, action_space_for(config_from_dict({}), data), max_seeds=3, device="cpu"
+    )
+    assert full.style.all() and full.tempo.all()

@@ -53,12 +53,14 @@ def head_sizes(n_slots: int) -> dict[str, int]:
 class ActionSpace(msgspec.Struct, frozen=True):
     """The slots a host offers (in head order), its topology (which blueprints exist),
     the blueprints the policy may germinate (``None``: all the topology offers) and the
-    alpha targets it may choose (``None``: all of ``ALPHA_TARGETS``)."""
+    alpha targets, germination styles and tempos it may choose (``None``: all)."""
 
     slot_ids: tuple[str, ...]
     topology: Topology
     blueprints: tuple[str, ...] | None = None
     alpha_targets: tuple[float, ...] | None = None
+    styles: tuple[GerminationStyle, ...] | None = None
+    tempos: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.slot_ids:
@@ -71,11 +73,14 @@ class ActionSpace(msgspec.Struct, frozen=True):
                 f"none of the blueprints {list(self.blueprints)} is offered by a "
                 f"{self.topology.value} host (it offers: {offered})"
             )
-        if self.alpha_targets is not None and not any(self.alpha_target_valid):
-            raise ValueError(
-                f"none of the alpha targets {list(self.alpha_targets)} is one of "
-                f"{list(ALPHA_TARGETS)}"
-            )
+        menus = (
+            ("alpha targets", self.alpha_targets, ALPHA_TARGETS, self.alpha_target_valid),
+            ("styles", self.styles, tuple(GerminationStyle), self.style_valid),
+            ("tempos", self.tempos, TEMPOS, self.tempo_valid),
+        )
+        for what, menu, values, valid in menus:
+            if menu is not None and not any(valid):
+                raise ValueError(f"none of the {what} {list(menu)} is one of {list(values)}")
 
     @property
     def n_slots(self) -> int:
@@ -96,11 +101,24 @@ class ActionSpace(msgspec.Struct, frozen=True):
     @property
     def alpha_target_valid(self) -> tuple[bool, ...]:
         """Per alpha-target-head index: may the policy choose this target?"""
-        menu = self.alpha_targets
-        return tuple(menu is None or value in menu for value in ALPHA_TARGETS)
+        return _in_menu(ALPHA_TARGETS, self.alpha_targets)
+
+    @property
+    def style_valid(self) -> tuple[bool, ...]:
+        """Per style-head index: may the policy germinate with this style?"""
+        return _in_menu(tuple(GerminationStyle), self.styles)
+
+    @property
+    def tempo_valid(self) -> tuple[bool, ...]:
+        """Per tempo-head index: may the policy germinate with this blend tempo?"""
+        return _in_menu(TEMPOS, self.tempos)
 
     def slot_index(self, slot_id: str) -> int:
         return self.slot_ids.index(slot_id)
+
+
+def _in_menu(values: Sequence[object], menu: Sequence[object] | None) -> tuple[bool, ...]:
+    return tuple(menu is None or value in menu for value in values)
 
 
 class DecodedAction(msgspec.Struct, frozen=True, kw_only=True):

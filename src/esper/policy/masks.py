@@ -198,8 +198,15 @@ def build_mask_arrays(
     op: np.ndarray = np.asarray(slot.any(axis=2))
     op[:, LifecycleOp.WAIT] = True
     blueprint = np.tile(np.array(space.blueprint_valid, dtype=bool), (n, 1))
-    alpha_target = np.tile(np.array(space.alpha_target_valid, dtype=bool), (n, 1))
-    return {"op": op, "slot": slot, "blueprint": blueprint, "alpha_target": alpha_target}
+    menus = {
+        head: np.tile(np.array(valid, dtype=bool), (n, 1))
+        for head, valid in (
+            ("alpha_target", space.alpha_target_valid),
+            ("style", space.style_valid),
+            ("tempo", space.tempo_valid),
+        )
+    }
+    return {"op": op, "slot": slot, "blueprint": blueprint, **menus}
 
 
 def compute_masks(
@@ -220,19 +227,18 @@ def compute_masks(
         prune_after_blending=prune_after_blending,
     )
     n, sizes = len(reports), space.head_sizes
-    parts = [arrays["op"], arrays["slot"].reshape(n, -1), arrays["blueprint"]]
-    packed_np = np.concatenate([*parts, arrays["alpha_target"]], axis=1)
-    packed = torch.from_numpy(packed_np).to(device)
-    widths = [N_OPS, N_OPS * space.n_slots, sizes["blueprint"], sizes["alpha_target"]]
-    op, slot_flat, blueprint, alpha_target = torch.split(packed, widths, dim=1)
+    menus = ("blueprint", "alpha_target", "style", "tempo")
+    parts = [arrays["op"], arrays["slot"].reshape(n, -1), *(arrays[h] for h in menus)]
+    packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(device)
+    widths = [N_OPS, N_OPS * space.n_slots, *(sizes[h] for h in menus)]
+    op, slot_flat, *menu_masks = torch.split(packed, widths, dim=1)
     free = {
         name: torch.ones((n, sizes[name]), dtype=torch.bool, device=packed.device)
-        for name in ("style", "tempo", "alpha_speed", "alpha_curve")
+        for name in ("alpha_speed", "alpha_curve")
     }
     return ActionMasks(
         op=op,
         slot=slot_flat.reshape(n, N_OPS, space.n_slots),
-        blueprint=blueprint,
-        alpha_target=alpha_target,
+        **dict(zip(menus, menu_masks, strict=True)),
         **free,
     )

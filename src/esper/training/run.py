@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from esper.config import Config, ConfigError, with_overrides
-from esper.core.enums import RunStatus, TelemetryLevel
+from esper.core.enums import GerminationStyle, RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.errors import CheckpointError, CheckpointSaveError, UserError
 from esper.model import build_model
@@ -161,6 +161,8 @@ def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
             topology=probe.topology,
             blueprints=blueprints,
             alpha_targets=tuple(cfg.policy.alpha_targets) or None,
+            styles=tuple(GerminationStyle[s.upper()] for s in cfg.policy.styles) or None,
+            tempos=tuple(cfg.policy.tempos) or None,
         )
     except ValueError as exc:
         raise ConfigError(f"$.policy.blueprints: {exc}") from None
