@@ -81,8 +81,9 @@ def events_to_table(cls: type[Event], events: list[Event]) -> pa.Table:
     slice is read once, in C (``msgspec.structs.astuple``), and the slice's rows are
     transposed in C (``zip``) before Arrow converts each column in one pass. Gathering a
     column at a time straight from the events instead touched every event (and its
-    field values, scattered on the heap) once per column: on the benchmark's mix
-    (``benchmarks/writer.py``) that cost 1.4-1.8x the CPU time of this order.
+    field values, scattered on the heap) once per column: on the writer benchmark's mix,
+    converted alone, that cost 1.4-1.8x the CPU time of this order (inside the writer
+    thread, with the producer running, the two measured within noise of each other).
     """
     schema = event_schema(cls)
     if not events:
