@@ -234,7 +234,7 @@ class EventWriter:
 
     def _keep(self, tag: str, table: pa.Table) -> None:
         """Hold a fresh part's table for its merge, or stop holding the type's (budget)."""
-        held = self._fresh_tables.get(tag, [])
+        held = self._fresh_tables.setdefault(tag, [])
         if held is None:
             return
         if self._cached_bytes + table.nbytes > FRESH_CACHE_BYTES:
@@ -242,7 +242,6 @@ class EventWriter:
             self._fresh_tables[tag] = None
             return
         held.append(table)
-        self._fresh_tables[tag] = held
         self._cached_bytes += table.nbytes
 
     def _take_held(self, tag: str) -> list[pa.Table] | None:
@@ -292,7 +291,7 @@ class EventWriter:
             inputs=inputs,
             output=output,
             schema=event_schema(EVENT_TYPES[tag]),
-            contents=held if held is not None and len(held) == len(inputs) else None,
+            contents=held,  # every fresh part's table, or None
         )
         self.counters.compactions += 1
 
