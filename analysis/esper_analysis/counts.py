@@ -56,11 +56,15 @@ def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     Counting is a histogram over small integer ranges (rounds, envs, steps), which
     bincount does in one linear pass, several times cheaper than a hash group-by.
     """
-    arr = values.drop_nulls().to_numpy()
+    if values.null_count():
+        values = values.drop_nulls()
+    arr = values.to_numpy()  # no copy for a column without nulls
     if arr.size == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     low = int(arr.min())
-    counts = np.bincount(arr - low)
+    # Values from 0 up are counted as they are (no shifted copy) unless the range below
+    # the smallest is larger than the column itself.
+    counts = np.bincount(arr)[low:] if 0 <= low <= arr.size else np.bincount(arr - low)
     present = np.flatnonzero(counts)
     return present + low, counts[present]
 
@@ -88,31 +92,36 @@ def _breakdowns(
     run: Run, batch_rows: int = BATCH_ROWS
 ) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
     """Rows per ``(type, value)`` of each dimension, and rows per type, from one parallel
-    scan per type."""
+    scan per type. Each table is built once from the concatenated histograms (a frame
+    per type and dimension cost more than the histograms themselves)."""
     totals: dict[str, int] = {}
-    parts: dict[str, list[pl.DataFrame]] = {dim: [] for dim in _DIMENSIONS}
+    parts: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {dim: [] for dim in _DIMENSIONS}
     for batch in _batches(run, batch_rows):
         frames = pl.collect_all([run.scan(t).select(_DIMENSIONS) for t in batch])
         for event_type, frame in zip(batch, frames, strict=True):
             if frame.height:
                 totals[event_type] = frame.height
             for dim in _DIMENSIONS:
-                keys, counts = _histogram(frame[dim])
-                parts[dim].append(
-                    pl.DataFrame(
-                        {"type": event_type, dim: keys, "events": counts},
-                        schema=_breakdown_schema(dim),
-                    )
-                )
-    out: dict[str, pl.DataFrame] = {}
-    for dim in _DIMENSIONS:
-        tables = parts[dim]
-        out[dim] = (
-            pl.concat(tables).sort("type", dim)
-            if tables
-            else pl.DataFrame(schema=_breakdown_schema(dim))
-        )
-    return out, totals
+                parts[dim].append((event_type, *_histogram(frame[dim])))
+    return {dim: _breakdown_table(dim, parts[dim]) for dim in _DIMENSIONS}, totals
+
+
+def _breakdown_table(dim: str, parts: list[tuple[str, np.ndarray, np.ndarray]]) -> pl.DataFrame:
+    """One ``(type, value, events)`` table, sorted, from every type's histogram."""
+    if not parts:
+        return pl.DataFrame(schema=_breakdown_schema(dim))
+    lengths = [len(keys) for _, keys, _ in parts]
+    names = pl.Series("type", [t for t, _, _ in parts], pl.String)
+    types = names.gather(np.repeat(np.arange(len(parts)), lengths))
+    table = pl.DataFrame(
+        {
+            "type": types,
+            dim: np.concatenate([keys for _, keys, _ in parts]),
+            "events": np.concatenate([counts for _, _, counts in parts]),
+        },
+        schema=_breakdown_schema(dim),
+    )
+    return table.sort("type", dim)
 
 
 def _manifest_counts(run: Run) -> dict[str, int]:

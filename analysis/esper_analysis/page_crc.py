@@ -13,6 +13,8 @@ skipped generically.
 
 from __future__ import annotations
 
+import mmap
+import os
 import zlib
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -42,6 +44,10 @@ _STRUCT: Final = 12
 _DOUBLE_BYTES: Final = 8
 _LONG_FORM: Final = 15
 _U32: Final = 0xFFFFFFFF
+#: Compact-protocol types stored as one varint.
+_VARINTS: Final = frozenset({_I16, _I32, _I64})
+#: Top-level PageHeader fields read (the rest are skipped).
+_SIZE_FIELDS: Final = frozenset({_UNCOMPRESSED_SIZE, _COMPRESSED_SIZE, _CRC})
 
 
 class PageChecksumError(ValueError):
@@ -150,46 +156,69 @@ def _skip_struct(buf: bytes | memoryview, pos: int) -> int:
         pos = _skip(buf, pos, kind)
 
 
-def _data_page_values(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """(value count, position after) of a nested data page header."""
-    values = field_id = 0
-    while True:
-        field_id, kind, pos = _field(buf, pos, field_id)
-        if kind == 0:
-            return values, pos
-        if field_id == _NUM_VALUES and kind == _I32:
-            values, pos = _zigzag(buf, pos)
-        else:
-            pos = _skip(buf, pos, kind)
-
-
 def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]:
-    """The page header at ``start`` and the position of its page data."""
-    found: dict[int, int] = {}
-    values = field_id = 0
+    """The page header at ``start`` and the position of its page data.
+
+    One flat loop over the header's fields, nested structs (the data page header and
+    its statistics) tracked by depth, varints decoded inline: a large run has tens of
+    thousands of headers, and a call per field cost more than the CRCs themselves.
+    Rare field types (lists, maps, doubles) go through the generic :func:`_skip`.
+    """
     pos = start
+    sizes: dict[int, int] = {}
+    values = field_id = depth = 0
+    in_data_header = False
+    parents: list[int] = []  # field ids of the enclosing structs
     try:
         while True:
-            field_id, kind, pos = _field(buf, pos, field_id)
-            if kind == 0:
-                break
-            if kind == _I32 and field_id in (_UNCOMPRESSED_SIZE, _COMPRESSED_SIZE, _CRC):
-                found[field_id], pos = _zigzag(buf, pos)
-            elif kind == _STRUCT and field_id in _DATA_PAGE_HEADERS:
-                values, pos = _data_page_values(buf, pos)
+            head = buf[pos]
+            pos += 1
+            if head == 0:  # STOP: the end of the header, or of a nested struct
+                if depth == 0:
+                    break
+                depth -= 1
+                field_id = parents.pop()
+                continue
+            kind = head & 0x0F
+            if head >> 4:
+                field_id += head >> 4
             else:
+                field_id, pos = _zigzag(buf, pos)
+            if kind in _VARINTS:
+                n = shift = 0
+                while True:
+                    b = buf[pos]
+                    pos += 1
+                    n |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                if kind == _I32 and depth == 0 and field_id in _SIZE_FIELDS:
+                    sizes[field_id] = (n >> 1) ^ -(n & 1)
+                elif kind == _I32 and depth == 1 and in_data_header and field_id == _NUM_VALUES:
+                    values = (n >> 1) ^ -(n & 1)
+            elif kind == _BINARY:
+                length, pos = _varint(buf, pos)
+                pos += length
+            elif kind == _STRUCT:
+                if depth == 0:
+                    in_data_header = field_id in _DATA_PAGE_HEADERS
+                parents.append(field_id)
+                depth += 1
+                field_id = 0
+            elif kind not in (_BOOL_TRUE, _BOOL_FALSE):
                 pos = _skip(buf, pos, kind)
     except IndexError:
         raise PageChecksumError("page header runs past the column chunk") from None
     if pos > len(buf):
         raise PageChecksumError("page header runs past the column chunk")
-    if _COMPRESSED_SIZE not in found or _UNCOMPRESSED_SIZE not in found:
+    if _COMPRESSED_SIZE not in sizes or _UNCOMPRESSED_SIZE not in sizes:
         raise PageChecksumError("page header without its sizes")
     page = _Page(
         header_bytes=pos - start,
-        uncompressed=found[_UNCOMPRESSED_SIZE],
-        compressed=found[_COMPRESSED_SIZE],
-        crc=found.get(_CRC),
+        uncompressed=sizes[_UNCOMPRESSED_SIZE],
+        compressed=sizes[_COMPRESSED_SIZE],
+        crc=sizes.get(_CRC),
         values=values,
     )
     return page, pos
@@ -230,18 +259,27 @@ def verify_page_checksums(path: Path, meta: pq.FileMetaData | None = None) -> bo
     check it). Raises :class:`PageChecksumError` on a mismatch or a broken header.
     """
     meta = meta if meta is not None else pq.read_metadata(path)
-    with path.open("rb") as fh:
-        for start, length, uncompressed, values in _chunk_ranges(meta):
-            fh.seek(start)
-            buf = fh.read(length)
-            if len(buf) != length:
-                raise PageChecksumError(f"column chunk at byte {start} is truncated")
-            if not _verify_chunk(buf, start, uncompressed, values):
-                return False
+    data = _map(path)
+    for start, length, uncompressed, values in _chunk_ranges(meta):
+        if start < 0 or start + length > len(data):
+            raise PageChecksumError(f"column chunk at byte {start} is truncated")
+        if not _verify_chunk(data[start : start + length], start, uncompressed, values):
+            return False
     return True
 
 
-def _verify_chunk(buf: bytes, start: int, uncompressed: int, values: int) -> bool:
+def _map(path: Path) -> memoryview:
+    """The file's bytes, memory-mapped read-only: the CRCs read the page cache in
+    place, instead of copying a large run into fresh buffers first (which cost more
+    than the CRCs). The map is closed when the last view of it is released, so an
+    error raised mid-check (whose traceback holds a view) cannot fail to close it."""
+    with path.open("rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def _verify_chunk(buf: bytes | memoryview, start: int, uncompressed: int, values: int) -> bool:
     """Check one column chunk's pages; False if a page has no CRC.
 
     Besides each page's CRC, the page headers must add up to the footer's sizes and

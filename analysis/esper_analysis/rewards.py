@@ -61,10 +61,11 @@ class RewardBreakdown(AnalysisResult):
 
 
 _SUMMED: Final = [*_COMPONENTS, "total"]
-#: Key columns of the grouped tables, read once with the components.
-_KEYS: Final = ["rank", "round", "env", "op", "step"]
-#: The finest grouping; every table's keys are a subset of it.
+#: The finest grouping; every table's keys are a subset of it (read with the components).
 _FINE: Final = ["rank", "round", "env", "op"]
+#: Keys are coded directly (no per-key renumbering) while their combinations number at
+#: most this many per row: the bincounts over the codes stay as cheap as one pass.
+_MAX_DIRECT_CODES: Final = 4
 
 
 class _Partials:
@@ -127,9 +128,54 @@ def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     return group, n
 
 
+def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> tuple[pl.Expr, list[pl.Series], int] | None:
+    """One integer expression that numbers every combination of ``keys`` (a mixed-radix
+    number: each key's offset from its minimum, or its rank among the sorted distinct
+    strings), each key's distinct values in code order, and the number of codes; None
+    when a key has nulls or the combinations outnumber :data:`_MAX_DIRECT_CODES` rows."""
+    code: pl.Expr = pl.lit(0, dtype=pl.Int64)
+    digits: list[pl.Series] = []
+    size = 1
+    for key in keys:
+        series = df[key]
+        if series.null_count():
+            return None
+        if series.dtype.is_integer():
+            lo, hi = int(series.min()), int(series.max())  # type: ignore[arg-type]
+            digit = pl.col(key).cast(pl.Int64) - lo
+            values = pl.Series(key, np.arange(lo, hi + 1), dtype=series.dtype)
+        elif series.dtype == pl.String:
+            values = series.unique().sort()
+            digit = pl.col(key).cast(pl.Enum(values.to_list())).to_physical().cast(pl.Int64)
+        else:
+            return None
+        size *= len(values)
+        if size > _MAX_DIRECT_CODES * max(df.height, 1):
+            return None
+        code = code * len(values) + digit
+        digits.append(values)
+    return code, digits, size
+
+
 def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
-    """Group id per row, the number of groups, and each group's key values (taken from
-    some row of the group: they are the same in all of its rows)."""
+    """Group id per row, the number of groups, and each group's key values.
+
+    Fast path: one mixed-radix code per row computed by polars in a single pass, made
+    dense with one bincount, and the key values decoded from the codes in use. Else
+    per-key codes (:func:`_group_codes`) and key values taken from a row of each group.
+    """
+    radix = _mixed_radix(df, keys) if df.height else None
+    if radix is not None:
+        expr, digits, size = radix
+        raw = df.select(expr).to_series().to_numpy()
+        present = np.bincount(raw, minlength=size) > 0
+        group, n = (np.cumsum(present) - 1)[raw], int(present.sum())
+        used = np.flatnonzero(present)
+        columns = []
+        for values in reversed(digits):
+            columns.append(values.gather(used % len(values)))
+            used //= len(values)
+        return group, n, pl.DataFrame(columns[::-1])
     group, n = _group_codes(df, keys)
     first = np.empty(n, dtype=np.int64)
     first[group] = np.arange(df.height)
@@ -186,9 +232,7 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
         "rank", "round", "env", pl.col("episode_reward").alias("episode_reward_reported")
     )
     by_component_exprs = [
-        pl.struct(
-            sum=pl.col(c).sum(),  # replaced by numpy's (deterministic) in _component_table
-            mean=pl.col(c).mean(),
+        pl.struct(  # sum and mean come from the partials (deterministic order)
             min=pl.col(c).min(),
             max=pl.col(c).max(),
             nonzero=(pl.col(c) != 0).sum(),
@@ -197,7 +241,7 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     ]
     plans = [
         lf.select(by_component_exprs),
-        lf.select(*_KEYS, *_SUMMED),
+        lf.select(*_FINE, *_SUMMED),
         episodes,
         lf.filter(~pl.col("sum_ok"))
         .select("round", "env", "step", "op", "total", "component_sum", *_COMPONENTS)
@@ -205,8 +249,9 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
         .sort("round", "env", "step"),
     ]
     comp, rows, reported, flagged = pl.collect_all(plans)
-    by_component = _component_table(comp, rows)
     partials = _Partials(rows)
+    del rows  # peak memory: every table below is a roll-up of the partials
+    by_component = _component_table(comp, partials)
     by_env = _group_sums(partials, ["env"]).sort("env")
     by_episode = (
         _group_sums(partials, ["rank", "round", "env"])
@@ -233,16 +278,17 @@ def reward_breakdown(run: Run) -> RewardBreakdown:
     )
 
 
-def _component_table(wide: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+def _component_table(wide: pl.DataFrame, partials: _Partials) -> pl.DataFrame:
     """One row per component (and the total) from the one-row struct aggregate; sum and
-    mean are numpy's over the fixed row order (see the module docstring)."""
+    mean are numpy's over the per-group partial sums, in their fixed order (see the
+    module docstring)."""
     table = []
     for name in _SUMMED:
         stats = dict(wide[name][0] or {}) if wide.height else {}
-        values = rows[name].drop_nulls().cast(pl.Float64).to_numpy()
-        if values.size:
-            stats["sum"] = float(np.sum(values))
-            stats["mean"] = stats["sum"] / values.size
+        present = int(partials.present[name].sum()) if partials.keys.height else 0
+        if present:
+            stats["sum"] = float(np.sum(partials.sums[name]))
+            stats["mean"] = stats["sum"] / present
         table.append({"component": name, **{k: stats.get(k) for k in _STAT_KEYS}})
     return pl.DataFrame(table, schema=_COMPONENT_SCHEMA)
 

@@ -56,11 +56,12 @@ def _sorted(df: pl.DataFrame) -> pl.DataFrame:
 
 def test_lifecycles_on_the_hash_equal_the_six_column_key(scripted_run: Path) -> None:
     run = load_run(scripted_run)
-    keys = lc._seed_keys(run)
+    read = lc._read(run)
+    keys = lc._seed_keys(read)
     assert lc._join_key(keys) == [lc.SEED_HASH]
     assert keys.height > 0
     for key in ([lc.SEED_HASH], list(lc.SEED_KEY)):
-        frames = lc._read(run, key)
+        frames = lc._narrow(read, key)
         starts = lc._starts(frames, key)
         durations = lc._stage_durations(starts, key)
         seeds = lc._seed_table(run, frames, keys, key, durations).collect()
@@ -162,3 +163,42 @@ def test_group_codes_partition_rows_like_a_group_by() -> None:
         assert n_groups == int(reference.max()) + 1
         pairs = set(zip(codes.tolist(), reference.tolist(), strict=True))
         assert len(pairs) == n_groups  # a bijection between our codes and the reference
+
+
+def test_per_blueprint_rates_equal_a_plain_group_by() -> None:
+    """The bincount roll-up of the per-blueprint table against polars' own group-by, on
+    seeds with missing blueprints, missing and NaN contributions and missing lifetimes."""
+    rng = np.random.default_rng(1)
+    n = 400
+    seeds = pl.DataFrame(
+        {
+            "blueprint": pl.Series(rng.choice(["a", "b", "c", None], n).tolist(), dtype=pl.String),
+            "outcome": rng.choice(["fossilized", "pruned", "alive"], n).tolist(),
+            "contribution": [
+                None if x < 0.1 else (float("nan") if x < 0.2 else x) for x in rng.random(n)
+            ],
+            "lifetime_epochs": [None if x < 0.1 else int(x * 10) for x in rng.random(n)],
+        }
+    )
+    ours = lc._by_blueprint(seeds)
+    finite = pl.col("contribution").is_finite().fill_null(False)
+    ended = pl.col("outcome").is_in(["fossilized", "pruned"])
+    plain = (
+        seeds.group_by("blueprint")
+        .agg(
+            germinated=pl.len(),
+            fossilized=(pl.col("outcome") == "fossilized").sum(),
+            mean_contribution=pl.col("contribution").filter(finite & ended).mean(),
+            mean_lifetime_epochs=pl.col("lifetime_epochs").mean(),
+        )
+        .sort("blueprint", nulls_last=True)
+    )
+    ours = ours.sort("blueprint", nulls_last=True)
+    assert ours["blueprint"].to_list() == plain["blueprint"].to_list()
+    assert ours["blueprint"].null_count() == 1  # seeds without a germination event
+    for col in ("germinated", "fossilized"):
+        assert ours[col].cast(pl.Int64).to_list() == plain[col].cast(pl.Int64).to_list()
+    for col in ("mean_contribution", "mean_lifetime_epochs"):
+        diff = (ours[col] - plain[col]).abs().max()
+        assert diff is not None and float(diff) < 1e-12  # type: ignore[arg-type]
+    assert lc._by_blueprint(seeds.head(0)).height == 0
