@@ -105,6 +105,8 @@ class Measurement:
     #: CPU seconds the telemetry writer spent writing (its manifest's ``cpu_ns``): part
     #: of ``cpu_s``, measured per thread, so its share is exact even on a loaded machine.
     writer_cpu_s: float = 0.0
+    #: Batches the writer wrote (one set of part files each; its manifest's ``flushes``).
+    writer_flushes: int = 0
 
     @property
     def cpu_eps(self) -> float:
@@ -177,14 +179,16 @@ def _round_phases(run_dir: Path | None) -> dict[str, float]:
     return {c.removesuffix("_ms"): float(frame[c].sum()) for c in cols}
 
 
-def _telemetry_size(run_dir: Path | None) -> tuple[int, int, float]:
-    """(events written, bytes of Parquet + manifests, writer CPU seconds) of a closed run."""
+def _telemetry_size(run_dir: Path | None) -> tuple[int, int, float, int]:
+    """(events written, bytes of Parquet + manifests, writer CPU seconds, flushes) of a
+    closed run."""
     if run_dir is None or not (run_dir / "manifest.json").exists():
-        return 0, 0, 0.0
+        return 0, 0, 0.0, 0
     writer = json.loads((run_dir / "manifest.json").read_text()).get("writer", {})
     files = [*run_dir.rglob("*.parquet"), *run_dir.glob("manifest*.json")]
     size = sum(f.stat().st_size for f in files)
-    return int(writer.get("events_written", 0)), size, int(writer.get("cpu_ns", 0)) / 1e9
+    cpu_s = int(writer.get("cpu_ns", 0)) / 1e9
+    return int(writer.get("events_written", 0)), size, cpu_s, int(writer.get("flushes", 0))
 
 
 def run_trainer(cfg: Config, data: TaskData, *, scratch: Path | None = None) -> Measurement:
@@ -198,9 +202,17 @@ def run_trainer(cfg: Config, data: TaskData, *, scratch: Path | None = None) -> 
         phases = _round_phases(result.run_dir)
         if phases:
             phases["other"] = max(0.0, result.wall_s * 1e3 - sum(phases.values()))
-        events, size, writer_cpu_s = _telemetry_size(result.run_dir)
+        events, size, writer_cpu_s, flushes = _telemetry_size(result.run_dir)
         return Measurement(
-            result.eps, result.wall_s, result.env_steps, phases, events, size, cpu_s, writer_cpu_s
+            result.eps,
+            result.wall_s,
+            result.env_steps,
+            phases,
+            events,
+            size,
+            cpu_s,
+            writer_cpu_s,
+            flushes,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -35,9 +35,18 @@ def parse_args(argv: list[str] | None) -> Any:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:k (the trainer's device)")
     p.add_argument("--levels", type=C.csv_list(str), default=list(LEVELS))
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="PPO rounds per run (default: the preset's); more rounds spread the writer's "
+        "start and close over a longer run, towards its steady-state share",
+    )
     args = p.parse_args(argv)
     if "off" not in args.levels:
         p.error("--levels must include off (the reference)")
+    if args.rounds is not None and args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.repeats = args.repeats or (1 if args.quick else DEFAULT_REPEATS)
     return args
 
@@ -78,6 +87,10 @@ def summarise(samples: dict[str, list[T.Measurement]]) -> dict[str, Any]:
             "writer_cpu_us_per_event": C.median(
                 [1e6 * m.writer_cpu_s / m.events if m.events else 0.0 for m in ms]
             ),
+            "writer_flushes": ms[0].writer_flushes,
+            "writer_cpu_ms_per_flush": C.median(
+                [1e3 * m.writer_cpu_s / m.writer_flushes if m.writer_flushes else 0.0 for m in ms]
+            ),
             "events": ms[0].events,
             "events_per_env_step": ms[0].events / steps if steps else None,
             "bytes_on_disk": ms[0].bytes_on_disk,
@@ -97,6 +110,7 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
             "CPU ratio",
             "writer CPU",
             "us/event",
+            "ms/flush",
             "min..max EPS",
             "events/env-step",
             "bytes/env-step",
@@ -110,6 +124,7 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
                 r["cpu_ratio_to_off"],
                 f"{100 * r['writer_cpu_share']:.2f} %",
                 r["writer_cpu_us_per_event"],
+                r["writer_cpu_ms_per_flush"],
                 f"{min(r['samples']):.2f}..{max(r['samples']):.2f}",
                 r["events_per_env_step"] or 0.0,
                 r["bytes_per_env_step"] or 0.0,
@@ -121,7 +136,8 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
         "ratio = median EPS / median EPS at off; paired = median of the per-repeat ratios; "
         "CPU ratio = the same from process CPU time (every thread, steadier under load); "
         "writer CPU = the writer's own CPU time (per thread) as a share of the process's, "
-        "and per event written"
+        "and per event written; ms/flush = the writer's CPU (start and close included) per "
+        "batch of part files it wrote"
     )
     normal = per_level.get("normal", {}).get("ratio_to_off")
     if normal is not None:
@@ -141,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             device=args.device,
             quick=args.quick,
+            overrides=None if args.rounds is None else {"run.rounds": args.rounds},
         )
         for level in args.levels
     }

@@ -105,15 +105,6 @@ def fingerprint(run: Run) -> dict[str, Any]:
     return fp
 
 
-def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
-    """``{type: {str(key): count}}``, built column-wise (no per-row Python loop)."""
-    out: dict[str, dict[str, int]] = {}
-    for (event_type,), part in frame.partition_by("type", as_dict=True).items():
-        keys = part[dim].cast(pl.String).to_list()
-        out[str(event_type)] = dict(zip(keys, part["events"].to_list(), strict=True))
-    return out
-
-
 def capture_baseline(run: Run, counts: Counts | None = None) -> dict[str, Any]:
     """The JSON-ready baseline of a run."""
     counts = counts or event_counts(run)
@@ -127,9 +118,7 @@ def capture_baseline(run: Run, counts: Counts | None = None) -> dict[str, Any]:
         "status": run.status.value,
         "fingerprint": fingerprint(run),
         "counts": {t: int(n) for t, n in totals.items()},
-        "by_round": _nested(counts.by_round, "round"),
-        "by_env": _nested(counts.by_env, "env"),
-        "by_rank": _nested(counts.by_rank, "rank"),
+        **counts.nested,
         "rules": {t: dataclasses.asdict(r) for t, r in sorted(DEFAULT_RULES.items())},
     }
 

@@ -7,6 +7,7 @@ parallel); every view is a histogram of those columns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar, Final
 
 import numpy as np
@@ -38,6 +39,17 @@ class Counts(AnalysisResult):
     total: int
     env_steps: int | None
 
+    @functools.cached_property
+    def nested(self) -> dict[str, dict[str, dict[str, int]]]:
+        """``by_round``, ``by_env`` and ``by_rank`` as ``{type: {str(key): count}}`` (the
+        baseline's JSON shape), built once: capturing a baseline and checking one against
+        the same counts share it."""
+        return {
+            "by_round": _nested(self.by_round, "round"),
+            "by_env": _nested(self.by_env, "env"),
+            "by_rank": _nested(self.by_rank, "rank"),
+        }
+
     def of(self, event_type: str) -> int:
         """Count of one type (0 when absent)."""
         row = self.by_type.filter(pl.col("type") == event_type)
@@ -67,6 +79,15 @@ def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(arr)[low:] if 0 <= low <= arr.size else np.bincount(arr - low)
     present = np.flatnonzero(counts)
     return present + low, counts[present]
+
+
+def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
+    """``{type: {str(key): count}}``, built column-wise (no per-row Python loop)."""
+    out: dict[str, dict[str, int]] = {}
+    for (event_type,), part in frame.partition_by("type", as_dict=True).items():
+        keys = part[dim].cast(pl.String).to_list()
+        out[str(event_type)] = dict(zip(keys, part["events"].to_list(), strict=True))
+    return out
 
 
 def _breakdown_schema(dim: str) -> pl.Schema:
