@@ -290,7 +290,7 @@ def _segments(
             run_ids = keys.select(SEED_HASH, "run_id")
             pieces = pieces.join(run_ids, on=SEED_HASH, how="left", maintain_order="left")
             by = ["run_id", *by]
-        ordered = pieces.sort(*_order(pieces, by) if by[0] != "run_id" else by, "seq")
+        ordered = pieces.sort(*_order(pieces, [*by, "seq"]) if by[0] != "run_id" else [*by, "seq"])
         names = keys.select(SEED_HASH, *(c for c in SEED_KEY if c not in _INT_KEY))
         ordered = ordered.drop("run_id", strict=False).join(
             names, on=SEED_HASH, how="left", maintain_order="left"
