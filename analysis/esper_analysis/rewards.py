@@ -136,12 +136,15 @@ def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> tuple[pl.Expr, list[pl.Se
     code: pl.Expr = pl.lit(0, dtype=pl.Int64)
     digits: list[pl.Series] = []
     size = 1
+    limit = _MAX_DIRECT_CODES * max(df.height, 1)
     for key in keys:
         series = df[key]
         if series.null_count():
             return None
         if series.dtype.is_integer():
             lo, hi = int(series.min()), int(series.max())  # type: ignore[arg-type]
+            if size * (hi - lo + 1) > limit:  # checked before the range is built
+                return None
             digit = pl.col(key).cast(pl.Int64) - lo
             values = pl.Series(key, np.arange(lo, hi + 1), dtype=series.dtype)
         elif series.dtype == pl.String:
@@ -150,7 +153,7 @@ def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> tuple[pl.Expr, list[pl.Se
         else:
             return None
         size *= len(values)
-        if size > _MAX_DIRECT_CODES * max(df.height, 1):
+        if size > limit:
             return None
         code = code * len(values) + digit
         digits.append(values)

@@ -202,3 +202,26 @@ def test_per_blueprint_rates_equal_a_plain_group_by() -> None:
         diff = (ours[col] - plain[col]).abs().max()
         assert diff is not None and float(diff) < 1e-12  # type: ignore[arg-type]
     assert lc._by_blueprint(seeds.head(0)).height == 0
+
+
+def test_grouped_keys_match_their_rows_on_both_paths() -> None:
+    """The mixed-radix path (small ranges, strings) and the per-key fallback (a range
+    too wide to code directly) both partition rows like a group-by and give each group
+    the key values of its rows."""
+    rng = np.random.default_rng(4)
+    n = 4000
+    df = pl.DataFrame(
+        {
+            "rank": rng.integers(0, 2, n),
+            "round": rng.integers(5, 45, n),
+            "op": rng.choice(["wait", "germinate", "prune"], n).tolist(),
+            "wide": rng.integers(0, 2, n) * 10**15,
+        }
+    )
+    for keys, direct in ((["rank", "round", "op"], True), (["round", "wide"], False)):
+        assert (rw._mixed_radix(df, keys) is not None) is direct
+        group, n_groups, key_values = rw._grouped(df, keys)
+        reference = df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1
+        assert n_groups == int(reference.max()) + 1 == key_values.height
+        assert len(set(zip(group.tolist(), reference.tolist(), strict=True))) == n_groups
+        assert key_values[group].equals(df.select(keys))  # every row's keys, via its group
