@@ -58,8 +58,9 @@ JOIN_TIMEOUT_S: Final = 120.0
 
 
 def _held_bytes(table: pa.Table) -> int:
-    """Memory a held table pins: its buffers' sizes (``Table.nbytes`` walks the
-    arrays' slices instead and cost a tenth of a millisecond per part)."""
+    """Memory a held table pins: its buffers' sizes. ``Table.nbytes`` walks the arrays'
+    slices instead: 7 us on a fresh part's table, 42 us on a merged one, against 0.5 and
+    1.4 us for this (measured alone; more inside the writer thread)."""
     return int(table.get_total_buffer_size())
 
 
