@@ -160,8 +160,8 @@ def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]
     """The page header at ``start`` and the position of its page data.
 
     One flat loop over the header's fields, nested structs (the data page header and
-    its statistics) tracked by depth, varints decoded inline: a large run has tens of
-    thousands of headers, and a call per field cost more than the CRCs themselves.
+    its statistics) tracked by depth rather than by recursive calls: a large run has
+    tens of thousands of headers, and a call per field cost more than the CRCs.
     Rare field types (lists, maps, doubles) go through the generic :func:`_skip`.
     """
     pos = start
@@ -185,14 +185,7 @@ def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]
             else:
                 field_id, pos = _zigzag(buf, pos)
             if kind in _VARINTS:
-                n = shift = 0
-                while True:
-                    b = buf[pos]
-                    pos += 1
-                    n |= (b & 0x7F) << shift
-                    if b < 0x80:
-                        break
-                    shift += 7
+                n, pos = _varint(buf, pos)
                 if kind == _I32 and depth == 0 and field_id in _SIZE_FIELDS:
                     sizes[field_id] = (n >> 1) ^ -(n & 1)
                 elif kind == _I32 and depth == 1 and in_data_header and field_id == _NUM_VALUES:

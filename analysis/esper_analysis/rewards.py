@@ -90,11 +90,17 @@ class _Partials:
             )
 
 
+def _renumber(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes in ``[0, size)`` renumbered densely to ``[0, groups)`` (order kept), and
+    the codes in use (group ``g`` is ``used[g]``)."""
+    present = np.bincount(codes, minlength=size) > 0
+    return (np.cumsum(present) - 1)[codes], np.flatnonzero(present)
+
+
 def _compress(codes: np.ndarray, size: int) -> tuple[np.ndarray, int]:
-    """Codes in ``[0, size)`` renumbered densely to ``[0, groups)`` (order kept)."""
-    used = np.bincount(codes, minlength=size) > 0
-    remap = np.cumsum(used) - 1
-    return remap[codes], int(used.sum())
+    """Codes in ``[0, size)`` renumbered densely, and the number of groups."""
+    group, used = _renumber(codes, size)
+    return group, len(used)
 
 
 def _dense_codes(series: pl.Series) -> tuple[np.ndarray, int]:
@@ -170,10 +176,8 @@ def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.Dat
     radix = _mixed_radix(df, keys) if df.height else None
     if radix is not None:
         expr, digits, size = radix
-        raw = df.select(expr).to_series().to_numpy()
-        present = np.bincount(raw, minlength=size) > 0
-        group, n = (np.cumsum(present) - 1)[raw], int(present.sum())
-        used = np.flatnonzero(present)
+        group, used = _renumber(df.select(expr).to_series().to_numpy(), size)
+        n = len(used)
         columns = []
         for values in reversed(digits):
             columns.append(values.gather(used % len(values)))
@@ -288,7 +292,7 @@ def _component_table(wide: pl.DataFrame, partials: _Partials) -> pl.DataFrame:
     table = []
     for name in _SUMMED:
         stats = dict(wide[name][0] or {}) if wide.height else {}
-        present = int(partials.present[name].sum()) if partials.keys.height else 0
+        present = int(partials.present[name].sum())
         if present:
             stats["sum"] = float(np.sum(partials.sums[name]))
             stats["mean"] = stats["sum"] / present

@@ -244,12 +244,13 @@ class EventWriter:
         held = self._fresh_tables.setdefault(tag, [])
         if held is None:
             return
-        if self._cached_bytes + _held_bytes(table) > FRESH_CACHE_BYTES:
+        size = _held_bytes(table)
+        if self._cached_bytes + size > FRESH_CACHE_BYTES:
             self._take_held(tag)
             self._fresh_tables[tag] = None
             return
         held.append(table)
-        self._cached_bytes += _held_bytes(table)
+        self._cached_bytes += size
 
     def _take_held(self, tag: str) -> list[pa.Table] | None:
         """The held tables of ``tag``'s fresh parts (None if not all held), released."""
