@@ -7,7 +7,10 @@ few columns the live view needs, and on each :meth:`RunReader.refresh` reads onl
 parts that appeared since the last one. Parts are immutable once the writer renames
 them into place, so a cached part never goes stale; a part that vanishes (merged by a
 compaction) is forgotten, and its rows come back with the merged file. While both
-are on disk the rows are deduplicated on ``(rank, seq)``.
+are on disk the rows are deduplicated on ``(rank, seq)``. Journal parts
+(``journal/rank=<r>/``, one per flush, :mod:`esper.telemetry.journal`) are read the
+same way: they hold the newest events until the writer converts them into typed parts
+and deletes them, and the dedup drops the overlap while both exist.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
+from esper.telemetry.arrow_schema import events_to_table
+from esper.telemetry.events import EVENT_TYPES
+from esper.telemetry.journal import (
+    JournalError,
+    group_by_type,
+    journal_parts,
+    journal_ranks,
+    read_journal,
+)
 from esper_analysis.errors import CorruptFileError, RunNotFoundError
 from esper_analysis.loader import EVENTS_DIR, MANIFEST_NAME, Run, is_run_dir
 
@@ -48,20 +60,37 @@ _TYPE_PREFIX: Final = "type="
 _CLOSED: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
 
 
+#: Listing value of a journal part (it holds every event type).
+_JOURNAL: Final = ""
+
+
 @dataclasses.dataclass(frozen=True)
 class _Part:
-    event_type: str
-    frame: pl.DataFrame
+    #: The view's rows per event type (one type for a typed part, several for a journal).
+    frames: dict[str, pl.DataFrame]
 
 
-def _read_part(path: Path, event_type: str) -> pl.DataFrame:
+def _frame(table: pa.Table) -> pl.DataFrame:
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _read_part(path: Path, event_type: str) -> dict[str, pl.DataFrame]:
     with pq.ParquetFile(path) as parquet:
         names = set(parquet.schema_arrow.names)
         columns = [c for c in (*_KEY, *COLUMNS[event_type]) if c in names]
         table = parquet.read(columns=columns)
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    return frame
+    return {event_type: _frame(table)}
+
+
+def _read_journal(path: Path) -> dict[str, pl.DataFrame]:
+    frames = {}
+    for tag, events in group_by_type(read_journal(path)).items():
+        if tag in COLUMNS:
+            table = events_to_table(EVENT_TYPES[tag], events)
+            frames[tag] = _frame(table.select([*_KEY, *COLUMNS[tag]]))
+    return frames
 
 
 class RunReader:
@@ -87,6 +116,8 @@ class RunReader:
                 for part in rank_dir.iterdir():
                     if part.suffix == ".parquet" and not part.name.startswith((".", "_")):
                         listed[part] = event_type
+        for rank in journal_ranks(self.path):
+            listed.update(dict.fromkeys(journal_parts(self.path, rank), _JOURNAL))
         return listed
 
     def refresh(self) -> None:
@@ -100,18 +131,23 @@ class RunReader:
             if path in self._parts:
                 continue
             try:
-                frame = _read_part(path, event_type)
+                if event_type == _JOURNAL:
+                    frames = _read_journal(path)
+                else:
+                    frames = _read_part(path, event_type)
             except FileNotFoundError:
-                continue  # merged away since the listing; the merged file carries its rows
-            except (OSError, pa.ArrowException) as exc:
+                continue  # merged (or converted) since the listing; its rows are elsewhere
+            except (OSError, pa.ArrowException, JournalError) as exc:
                 self.skipped[str(path.relative_to(self.path))] = str(exc)
-                frame = pl.DataFrame()
-            self._parts[path] = _Part(event_type, frame)
+                frames = {}
+            self._parts[path] = _Part(frames)
 
     def frame(self, event_type: str) -> pl.DataFrame:
         """All rows of one type read so far, unique on ``(rank, seq)``, in ``seq`` order."""
         frames = [
-            p.frame for p in self._parts.values() if p.event_type == event_type and p.frame.height
+            frame
+            for p in self._parts.values()
+            if (frame := p.frames.get(event_type)) is not None and frame.height
         ]
         if not frames:
             return pl.DataFrame(schema={c: pl.Int64 for c in _KEY})

@@ -25,11 +25,13 @@ the compacted file side by side) or lack statistics, the scan deduplicates.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 import re
 import socket
+import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -56,7 +58,9 @@ from esper_analysis.integrity import (
     footer_run_id,
     verify_pages,
 )
+from esper_analysis.journal_files import JournalEvents, materialise, read_journals
 from esper_analysis.manifest_check import check_run_integrity
+from esper_analysis.recovery import Recovery, SkippedFile, as_int, recovery_of
 from esper_analysis.schema import empty_frame, event_schema, known_event_types
 
 MANIFEST_NAME: Final = "manifest.json"
@@ -96,26 +100,18 @@ class PartFile:
     seq_max: int | None
     #: The one ``run_id`` the footer statistics prove, or None (then read when checked).
     run_id: str | None = None
+    #: For events read from a crashed run's journal: the journal directory they came
+    #: from (``path`` is then a scratch file, see :mod:`esper_analysis.journal_files`).
+    source: str | None = None
 
-
-@dataclass(frozen=True)
-class SkippedFile:
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What could be read from a run that did not close cleanly."""
-
-    status: RunStatus
-    files_read: tuple[str, ...]
-    files_skipped: tuple[SkippedFile, ...]
-    events: int
-    last_seq: dict[int, int]
-    seq_gaps: dict[int, int]
-    manifest_last_seq: dict[int, int]
-    message: str
+    def name_in(self, run_dir: Path) -> str:
+        """How messages name this file: relative to the run directory."""
+        if self.source is not None:
+            return self.source
+        try:
+            return self.path.relative_to(run_dir).as_posix()
+        except ValueError:
+            return str(self.path)
 
 
 @dataclass
@@ -129,6 +125,8 @@ class Run:
     unknown_types: list[str] = field(default_factory=list)
     #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
     degraded: list[str] = field(default_factory=list)
+    #: Holds the files materialised from a journal (deleted with the run object).
+    scratch: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -149,7 +147,7 @@ class Run:
     def schema_version(self) -> int | None:
         """The newest schema version among the manifests and files (None if unrecorded)."""
         versions = [f.schema_version for fs in self.files.values() for f in fs]
-        versions += [_as_int(m.get("schema_version")) for m in self.manifests.values()]
+        versions += [as_int(m.get("schema_version")) for m in self.manifests.values()]
         known = [v for v in versions if v is not None]
         return max(known) if known else None
 
@@ -253,14 +251,7 @@ class Run:
         if self.status in _CLOSED_STATUSES:
             return None
         with corrupt_data_errors(self):
-            return _recovery(self)
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf in a damaged manifest
-        return None
+            return recovery_of(self)
 
 
 def _parse_status(value: Any) -> RunStatus | None:
@@ -279,11 +270,11 @@ def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> R
     status = _parse_status(manifest.get("status"))
     if status is not RunStatus.RUNNING:
         return status
-    pid = _as_int(manifest.get("pid"))
+    pid = as_int(manifest.get("pid"))
     same_host = manifest.get("hostname") == socket.gethostname()
     if same_host and pid is not None and not pid_alive(pid):
         return RunStatus.CRASHED
-    beat = _as_int(manifest.get("heartbeat_ns"))
+    beat = as_int(manifest.get("heartbeat_ns"))
     if beat is None:
         return RunStatus.CRASHED
     flush_s = manifest.get("flush_interval_s")
@@ -292,52 +283,6 @@ def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> R
     stale_s = max(MIN_STALE_S, STALE_INTERVALS * float(flush_s))
     now = time.time_ns() if now_ns is None else now_ns
     return RunStatus.CRASHED if now - beat > stale_s * _NS_PER_S else RunStatus.RUNNING
-
-
-def _recovery(run: Run) -> Recovery:
-    frames = [
-        run.scan(t).select("rank", "seq") for t in known_event_types() if run.rows_on_disk(t) > 0
-    ]
-    last_seq: dict[int, int] = {}
-    gaps: dict[int, int] = {}
-    events = 0
-    if frames:
-        per_rank = (
-            pl.concat(frames)
-            .group_by("rank")
-            .agg(
-                n=pl.col("seq").n_unique(),
-                lo=pl.col("seq").min(),
-                hi=pl.col("seq").max(),
-            )
-            .sort("rank")
-            .collect()
-        )
-        for rank, n, lo, hi in per_rank.iter_rows():
-            last_seq[int(rank)] = int(hi)
-            gaps[int(rank)] = int(hi) - int(lo) + 1 - int(n)
-            events += int(n)
-    files_read = tuple(str(f.path.relative_to(run.path)) for fs in run.files.values() for f in fs)
-    manifest_last = {r: _as_int(m.get("last_seq")) for r, m in run.manifests.items()}
-    seq_text = ", ".join(f"rank {r}: {s}" for r, s in last_seq.items()) or "none"
-    message = (
-        f"run {run.run_id} is {run.status.value}: recovered {events} events from "
-        f"{len(files_read)} files (last seq {seq_text})"
-    )
-    if run.skipped:
-        message += f"; skipped {len(run.skipped)} unreadable file(s)"
-    if any(gaps.values()):
-        message += f"; {sum(gaps.values())} seq gap(s)"
-    return Recovery(
-        status=run.status,
-        files_read=files_read,
-        files_skipped=tuple(run.skipped),
-        events=events,
-        last_seq=last_seq,
-        seq_gaps=gaps,
-        manifest_last_seq={r: v for r, v in manifest_last.items() if v is not None},
-        message=message,
-    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -358,8 +303,8 @@ def _read_manifests(run_dir: Path) -> dict[int, dict[str, Any]]:
         if path.name != MANIFEST_NAME and match is None:
             continue
         data = _read_json(path)
-        _check_version(_as_int(data.get("schema_version")), path)
-        rank = _as_int(data.get("rank"))
+        _check_version(as_int(data.get("schema_version")), path)
+        rank = as_int(data.get("rank"))
         if rank is None:
             rank = int(match.group(1)) if match else 0
         manifests[rank] = data
@@ -368,7 +313,7 @@ def _read_manifests(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 def _file_version(meta: pq.FileMetaData) -> int | None:
     raw = (meta.metadata or {}).get(SCHEMA_VERSION_KEY)
-    return None if raw is None else _as_int(raw.decode("utf-8", "replace"))
+    return None if raw is None else as_int(raw.decode("utf-8", "replace"))
 
 
 def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
@@ -519,6 +464,26 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
     return files, skipped, unknown
 
 
+def _add_journal_files(
+    files: dict[str, list[PartFile]], journals: JournalEvents
+) -> tempfile.TemporaryDirectory[str] | None:
+    """Add the journalled events no typed part holds yet, as scratch part files."""
+
+    def typed_max(event_type: str, rank: int) -> int:
+        parts = [f for f in files.get(event_type, ()) if f.rank == rank]
+        if all(f.seq_max is not None for f in parts):
+            return max((int(f.seq_max or 0) for f in parts), default=-1)
+        seq = pl.scan_parquet([str(f.path) for f in parts]).select(pl.col("seq").max())
+        found = seq.collect().item()
+        return -1 if found is None else int(found)
+
+    journal_files, scratch = materialise(journals, typed_max)
+    for j in journal_files:
+        part = _describe(j.path, j.event_type, j.rank, verify=False)
+        files.setdefault(j.event_type, []).append(dataclasses.replace(part, source=j.source))
+    return scratch
+
+
 def is_run_dir(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path / EVENTS_DIR).is_dir()
 
@@ -541,14 +506,22 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
         _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
     )
     superseded = _superseded(run_dir, manifests)
+    journals = read_journals(run_dir, tolerant=tolerant)  # before the typed parts: see there
     files, skipped, unknown = _discover(run_dir, tolerant, superseded, verify_pages)
+    skipped += [SkippedFile(path, reason) for path, reason in journals.skipped]
+    scratch = _add_journal_files(files, journals)
     if unknown:
         warnings.warn(
             f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
             stacklevel=2,
         )
     run = Run(
-        path=run_dir, manifests=manifests, files=files, skipped=skipped, unknown_types=unknown
+        path=run_dir,
+        manifests=manifests,
+        files=files,
+        skipped=skipped,
+        unknown_types=unknown,
+        scratch=scratch,
     )
     run.degraded = check_run_integrity(run)
     for note in run.degraded:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import polars as pl
@@ -83,15 +82,8 @@ def _missing_ranks(run: Run) -> list[str]:
     ]
 
 
-def _relative(run: Run, path: Path) -> str:
-    try:
-        return path.relative_to(run.path).as_posix()
-    except ValueError:
-        return str(path)
-
-
 def _named(run: Run, files: Sequence[PartFile]) -> str:
-    names = [_relative(run, f.path) for f in files[:_MAX_NAMED]]
+    names = [f.name_in(run.path) for f in files[:_MAX_NAMED]]
     more = len(files) - _MAX_NAMED
     return ", ".join(names) + (f" and {more} more" if more > 0 else "")
 
@@ -110,7 +102,7 @@ def _check_run_ids(run: Run) -> None:
             seen |= ids
             bad = sorted(ids - {expected}) if expected else []
             if bad:
-                foreign.append(f"{_relative(run, part.path)} holds run_id {', '.join(bad)}")
+                foreign.append(f"{part.name_in(run.path)} holds run_id {', '.join(bad)}")
     if not run.manifests and len(seen) > 1:
         foreign.append(f"files mix run ids {', '.join(sorted(seen))}")
     if foreign:

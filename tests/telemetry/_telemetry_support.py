@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from esper.telemetry.compaction import live_parts
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
+from esper.telemetry.journal import journal_parts, journal_ranks, read_journal, unconverted
 from esper.telemetry.manifest import read_manifests
 
 INT_BOUND = 2**62
@@ -66,13 +67,17 @@ def as_row(event: Event) -> dict[str, Any]:
 
 
 def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
-    """Rows of one event type (all ranks), read with polars, ordered by (rank, seq)."""
+    """Rows of one event type (all ranks), ordered by (rank, seq): its typed parts, plus
+    the journalled events of a crashed run that no typed part holds yet."""
     parts = [
         p for p in live_parts(run_dir, read_manifests(run_dir)) if p.parts[-3] == f"type={tag}"
     ]
-    if not parts:
-        return []
-    return pl.read_parquet(parts).sort("rank", "seq").to_dicts()
+    rows = pl.read_parquet(parts).to_dicts() if parts else []
+    for rank in journal_ranks(run_dir):
+        typed_max = max((r["seq"] for r in rows if r["rank"] == rank), default=-1)
+        events = [e for path in journal_parts(run_dir, rank) for e in read_journal(path)]
+        rows += [as_row(e) for e in unconverted(events, {tag: typed_max}).get(tag, [])]
+    return sorted(rows, key=lambda r: (r["rank"], r["seq"]))
 
 
 def read_all(run_dir: Path) -> dict[str, list[dict[str, Any]]]:

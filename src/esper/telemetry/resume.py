@@ -5,6 +5,11 @@ dead process wrote after that position are re-emitted by the resumed run, so the
 cut from the old tail first (with the crash-safe rewrite of
 :mod:`esper.telemetry.compaction`); ``seq`` then stays strictly increasing without
 duplicates across both sessions. Part numbers continue after the highest existing one.
+
+A dead writer's journal (:mod:`esper.telemetry.journal`) is converted first: its events
+that no typed part holds and that precede ``start_seq`` become typed parts, then the
+journal parts are deleted. A crash in between is repaired by the next resume the same
+way (the events already converted are recognised by their ``seq``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import socket
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
 from esper.errors import UserError
-from esper.telemetry.arrow_schema import event_schema
+from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.compaction import (
     live_parts,
     recover_pending,
@@ -26,12 +32,20 @@ from esper.telemetry.compaction import (
     truncate_from_seq,
 )
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
+from esper.telemetry.journal import (
+    group_by_type,
+    journal_parts,
+    journal_rank_dir,
+    read_journal,
+    unconverted,
+)
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
 from esper.telemetry.paths import (
     event_type_of,
     list_parts,
     manifest_path,
+    part_name,
     type_rank_dir,
 )
 from esper.telemetry.sink import PartSink
@@ -55,8 +69,10 @@ def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
 
 def _check_unused(run_dir: Path, *, run_id: str, rank: int) -> None:
     """No telemetry of this rank yet, and the directory can be created."""
-    if manifest_path(run_dir, rank).exists() or any(
-        list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES
+    if (
+        manifest_path(run_dir, rank).exists()
+        or any(list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES)
+        or journal_parts(run_dir, rank)
     ):
         raise UserError(
             f"run {run_id!r} already has telemetry for rank {rank} in "
@@ -116,7 +132,8 @@ def prepare_resume(
     # under its dot tmp name right now (ranks resume at their own pace).
     for tag in EVENT_TYPES:
         remove_stale_tmp(type_rank_dir(run_dir, tag, rank))
-    truncated = 0
+    remove_stale_tmp(journal_rank_dir(run_dir, rank))
+    truncated = _convert_journal(run_dir, rank=rank, start_seq=start_seq, sink=sink)
     for tag, cls in EVENT_TYPES.items():
         truncated += truncate_from_seq(
             sink=sink,
@@ -144,6 +161,36 @@ def prepare_resume(
     manifest.last_seq = start_seq - 1
     save(manifest)
     return manifest
+
+
+def _convert_journal(run_dir: Path, *, rank: int, start_seq: int, sink: PartSink) -> int:
+    """Turn a dead writer's journal into typed parts; return the events cut at the tail."""
+    parts = journal_parts(run_dir, rank)
+    if not parts:
+        return 0
+    events = [event for path in parts for event in read_journal(path)]
+    groups = group_by_type(events)
+    typed_max = {tag: _max_seq(type_rank_dir(run_dir, tag, rank)) for tag in groups}
+    converted = sum(1 for tag, found in groups.items() for e in found if e.seq <= typed_max[tag])
+    kept = unconverted(events, typed_max, below_seq=start_seq)
+    for tag, found in kept.items():
+        directory = type_rank_dir(run_dir, tag, rank)
+        existing = list_parts(directory)
+        path = directory / part_name(existing[-1][0] + 1 if existing else 0)
+        sink.write_table(events_to_table(EVENT_TYPES[tag], found), path)
+    for path in parts:
+        sink.remove(path)
+    return len(events) - converted - sum(len(found) for found in kept.values())
+
+
+def _max_seq(directory: Path) -> int:
+    """The largest ``seq`` in one ``<type>/rank=<r>`` directory's parts (-1: none)."""
+    highest = -1
+    for _, path in list_parts(directory):
+        seq = pq.read_table(path, columns=["seq"], page_checksum_verification=True)["seq"]
+        if len(seq):
+            highest = max(highest, int(pc.max(seq).as_py()))
+    return highest
 
 
 def _count_rows(run_dir: Path, manifest: Manifest) -> dict[str, int]:

@@ -2,17 +2,24 @@
 
 Mechanism (crash safety). ``flush_interval_s`` is the durability bound: the writer
 thread wakes every half interval (:data:`WAKES_PER_INTERVAL`), swaps out the events
-buffered so far, groups them by type, converts each group to one Arrow table and writes
-it as a *small closed Parquet file* (``part-<n>.parquet``, written under a dot tmp name
-and renamed into place), then rewrites ``manifest.json`` atomically with the new counts,
-``last_seq`` and a heartbeat. An event therefore sits only in memory for at most half an
-interval plus the time to write one batch, and a ``kill -9`` loses at most the events of
-the last flush interval: every earlier event is in a closed file. Too many
-small files are merged as the run goes (every :data:`ROLLING_COMPACT_PARTS` parts) and
-everything is merged into one file per type on close, from the tables the writer
-still holds (:data:`FRESH_CACHE_BYTES`) rather than files read back; merges follow the
-intent-first protocol of :mod:`esper.telemetry.compaction`, so no event is ever lost
-or duplicated by a merge.
+buffered so far and writes them as *one small closed Parquet file*, a journal part
+(:mod:`esper.telemetry.journal`; written under a dot tmp name and renamed into place),
+then rewrites ``manifest.json`` atomically with the new counts, ``last_seq`` and a
+heartbeat. An event therefore sits only in memory for at most half an interval plus the
+time to write one batch, and a ``kill -9`` loses at most the events of the last flush
+interval: every earlier event is in a closed file.
+
+Typed parts. The writer keeps the journalled events and converts them, many flushes at
+once, into one typed part per event type (``events/type=<t>/rank=<r>/part-<n>.parquet``),
+then deletes the journal parts they cover: when :data:`CONVERT_PARTS` journal parts or
+:data:`CONVERT_EVENTS` events are pending, on every explicit :meth:`EventWriter.flush`
+(so a checkpoint's flush, or a test's, finds typed files) and on close. A batch of at
+least :data:`DIRECT_EVENTS` events (a burst) skips the journal and is converted at once.
+Too many small typed parts are merged as the run goes (every
+:data:`ROLLING_COMPACT_PARTS` parts) and everything is merged into one file per type on
+close, from the tables the writer still holds (:data:`FRESH_CACHE_BYTES`) rather than
+files read back; merges follow the intent-first protocol of
+:mod:`esper.telemetry.compaction`, so no event is ever lost or duplicated by a merge.
 
 Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
 producer blocks until the writer has drained it (lossless by default); blocked time and
@@ -26,9 +33,11 @@ Errors. Any exception in the writer thread is stored as :class:`TelemetryWriteEr
 
 from __future__ import annotations
 
+import bisect
+import operator
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +48,7 @@ from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.compaction import compact_parts
 from esper.telemetry.events import EVENT_TYPES, Event, event_tag
+from esper.telemetry.journal import group_by_type, journal_rank_dir, journal_table
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
 from esper.telemetry.sink import PartSink
@@ -46,6 +56,14 @@ from esper.telemetry.sink import PartSink
 #: The writer wakes this often per flush interval, leaving the other half of the
 #: interval for writing the batch, so the durability bound holds with margin.
 WAKES_PER_INTERVAL: Final = 2
+#: Convert the journalled events into typed parts once this many journal parts (at two
+#: wakes per second, about half a minute of a run) or events are pending. Each typed
+#: part costs about 1 ms of CPU whatever its size, a journal part about 0.5 ms per flush.
+CONVERT_PARTS: Final = 64
+CONVERT_EVENTS: Final = 16_384
+#: A batch this large is converted to typed parts at once: the per-part cost is then
+#: small against its events, and journalling it would only add its encoding.
+DIRECT_EVENTS: Final = 4_096
 #: Merge a type's fresh part files once this many have accumulated during a run.
 ROLLING_COMPACT_PARTS: Final = 128
 #: Bytes of Arrow tables the writer keeps of its parts since their type's last merge, so
@@ -55,6 +73,14 @@ ROLLING_COMPACT_PARTS: Final = 128
 FRESH_CACHE_BYTES: Final = 4 * 1024 * 1024
 #: How long ``close`` waits for the writer thread to finish its last drain.
 JOIN_TIMEOUT_S: Final = 120.0
+
+
+_seq = operator.attrgetter("seq")
+
+
+def _type_counts(batch: list[Event]) -> dict[str, int]:
+    """Events per type tag (counted in C: ``Counter`` over the classes)."""
+    return {event_tag(cls): n for cls, n in Counter(map(type, batch)).items()}
 
 
 def _held_bytes(table: pa.Table) -> int:
@@ -109,6 +135,12 @@ class EventWriter:
         #: once a type's did not: that type is merged from its files).
         self._fresh_tables: dict[str, list[pa.Table] | None] = {}
         self._cached_bytes = 0
+        #: Journalled events not yet in typed parts, and the journal parts holding them.
+        self._pending: list[Event] = []
+        self._journals: list[Path] = []
+        self._journal_dir = journal_rank_dir(run_dir, self.rank)
+        existing = list_parts(self._journal_dir)
+        self._next_journal = existing[-1][0] + 1 if existing else 0
         self._thread = threading.Thread(
             target=self._run, name=f"esper-telemetry-{manifest.run_id}", daemon=True
         )
@@ -133,7 +165,11 @@ class EventWriter:
             raise self.error
 
     def flush(self) -> None:
-        """Return once every event buffered before the call is in a closed file."""
+        """Return once every event buffered before the call is in a closed typed part.
+
+        (The periodic flushes only journal; an explicit one also converts, so a
+        checkpoint's flush leaves ``events/`` complete up to that point.)
+        """
         with self.lock:
             self.raise_if_failed()
             if not self._thread.is_alive():
@@ -199,13 +235,14 @@ class EventWriter:
                 batch = self.buffer.copy()
                 self.buffer.clear()
                 generation = self._flush_requested
+                explicit = generation != self._flush_done
                 stopping = self._stopping
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
                 self._room.notify_all()
             deadline = time.monotonic() + self._period_s
             cpu_start = time.thread_time_ns()
             try:
-                self._write_batch(batch)
+                self._write_batch(batch, convert=explicit or stopping)
                 self._rolling_compaction()
                 self.save_manifest()
                 # The manifest just saved lags by its own write; the next one has it.
@@ -219,25 +256,62 @@ class EventWriter:
             if stopping:
                 return
 
-    def _write_batch(self, batch: list[Event]) -> None:
-        if not batch:
-            return
-        groups: dict[type[Event], list[Event]] = defaultdict(list)
-        for event in batch:
-            groups[type(event)].append(event)
-        for cls, events in groups.items():
-            tag = event_tag(cls)
-            table = events_to_table(cls, events)
+    def _write_batch(self, batch: list[Event], *, convert: bool) -> None:
+        """Make ``batch`` durable: a journal part, or typed parts at once when a conversion
+        is due anyway (``convert``, or a burst of :data:`DIRECT_EVENTS`).
+
+        The manifest counts an event once it is in a closed file: a journalled batch at
+        once, a converted one type by type as its parts land (so a failure half-way
+        leaves counts that match the files).
+        """
+        due = convert or len(batch) >= DIRECT_EVENTS or self._conversion_due(len(batch))
+        self._pending.extend(batch)
+        if due:
+            self._convert()
+        elif batch:
+            path = self._journal_dir / part_name(self._next_journal)
+            self._io_path = path
+            self.counters.bytes_written += self.sink.write_table(journal_table(batch), path)
+            self._next_journal += 1
+            self._journals.append(path)
+            for tag, n in _type_counts(batch).items():
+                self._count(tag, n)
+        if batch:
+            self.counters.events_written += len(batch)
+            self.counters.flushes += 1
+            self.manifest.last_seq = batch[-1].seq
+
+    def _count(self, tag: str, n: int) -> None:
+        self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + n
+
+    def _conversion_due(self, batch_events: int) -> bool:
+        """Whether journalling this batch would reach a conversion threshold."""
+        return (
+            len(self._journals) + 1 >= CONVERT_PARTS
+            or len(self._pending) + batch_events >= CONVERT_EVENTS
+        )
+
+    def _convert(self) -> None:
+        """Write the pending events as one typed part per type, then drop their journal.
+
+        Every pending event of a type goes into the same part, in ``seq`` order, before
+        any journal part is deleted: the invariant that makes a crashed run's journal
+        readable without duplicates (:func:`esper.telemetry.journal.unconverted`).
+        """
+        counted = self.manifest.last_seq  # journalled events are counted already
+        for tag, events in group_by_type(self._pending).items():
+            table = events_to_table(EVENT_TYPES[tag], events)
             path = self._next_part_path(tag)
             self._io_path = path
-            size = self.sink.write_table(table, path)
+            self.counters.bytes_written += self.sink.write_table(table, path)
+            self._count(tag, len(events) - bisect.bisect_right(events, counted, key=_seq))
             self._fresh[tag].append(path)
             self._keep(tag, table)
-            self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
-            self.counters.bytes_written += size
-            self.counters.events_written += len(events)
-        self.counters.flushes += 1
-        self.manifest.last_seq = batch[-1].seq
+        self._pending = []
+        for path in self._journals:
+            self._io_path = path
+            self.sink.remove(path)
+        self._journals = []
 
     def _keep(self, tag: str, table: pa.Table) -> None:
         """Hold a fresh part's table for its merge, or stop holding the type's (budget)."""
