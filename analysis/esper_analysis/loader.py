@@ -25,13 +25,11 @@ the compacted file side by side) or lack statistics, the scan deduplicates.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
 import re
 import socket
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -58,8 +56,9 @@ from esper_analysis.integrity import (
     footer_run_id,
     verify_pages,
 )
-from esper_analysis.journal_files import JournalEvents, materialise, read_journals
+from esper_analysis.journal_files import JournalEvents, journal_parts_of, read_journals
 from esper_analysis.manifest_check import check_run_integrity
+from esper_analysis.parts import PartFile, scan_parts
 from esper_analysis.recovery import Recovery, SkippedFile, as_int, recovery_of
 from esper_analysis.schema import empty_frame, event_schema, known_event_types
 
@@ -87,33 +86,6 @@ _INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
 _KNOWN_TYPES: Final = frozenset(known_event_types())
 
 
-@dataclass(frozen=True)
-class PartFile:
-    """One Parquet part file, described from its footer alone."""
-
-    path: Path
-    event_type: str
-    rank: int
-    rows: int
-    schema_version: int | None
-    seq_min: int | None
-    seq_max: int | None
-    #: The one ``run_id`` the footer statistics prove, or None (then read when checked).
-    run_id: str | None = None
-    #: For events read from a crashed run's journal: the journal directory they came
-    #: from (``path`` is then a scratch file, see :mod:`esper_analysis.journal_files`).
-    source: str | None = None
-
-    def name_in(self, run_dir: Path) -> str:
-        """How messages name this file: relative to the run directory."""
-        if self.source is not None:
-            return self.source
-        try:
-            return self.path.relative_to(run_dir).as_posix()
-        except ValueError:
-            return str(self.path)
-
-
 @dataclass
 class Run:
     """One run directory: manifest, part files per event type, lazy scans."""
@@ -125,8 +97,6 @@ class Run:
     unknown_types: list[str] = field(default_factory=list)
     #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
     degraded: list[str] = field(default_factory=list)
-    #: Holds the files materialised from a journal (deleted with the run object).
-    scratch: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -181,19 +151,19 @@ class Run:
         files = self.files.get(event_type, [])
         if not files:
             return empty_frame(event_type)
-        by_rank: dict[int, list[str]] = {}
+        by_rank: dict[int, list[PartFile]] = {}
         for f in files:
-            by_rank.setdefault(f.rank, []).append(str(f.path))
+            by_rank.setdefault(f.rank, []).append(f)
         frames = [
-            pl.scan_parquet(
-                paths,
+            scan_parts(
+                parts,
                 schema=schema,
                 hive_partitioning=False,
                 missing_columns="insert",
                 extra_columns="ignore",
                 cast_options=_CAST,
             ).with_columns(pl.col("rank").fill_null(rank))
-            for rank, paths in sorted(by_rank.items())
+            for rank, parts in sorted(by_rank.items())
         ]
         lf = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
         if self.needs_dedup(event_type):
@@ -215,6 +185,8 @@ class Run:
         bad = []
         for parts in self.files.values():
             for part in parts:
+                if part.table is not None:
+                    continue  # read from a journal part, checksums verified then
                 try:
                     verify_pages(part.path)
                 except DamagedPagesError as exc:
@@ -225,17 +197,21 @@ class Run:
     def status(self) -> RunStatus:
         """finished / failed / interrupted / crashed (or running, while the producer lives).
 
-        The ``run_finished`` event wins when present; otherwise the manifests decide, the
-        worst rank first: a ``running`` manifest with a dead producer, or no manifest at
-        all, is a crash.
+        The ``run_finished`` event wins when present, except that a ``finished`` run whose
+        writer then failed (at close: a manifest says ``failed``) is failed: its
+        telemetry did not close cleanly. Otherwise the manifests decide, the worst rank
+        first: a ``running`` manifest with a dead producer, or no manifest at all, is a
+        crash.
         """
+        statuses = [manifest_status(m) for m in self.manifests.values()]
         if self.rows_on_disk("run_finished"):
             with corrupt_data_errors(self):
                 last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
             parsed = _parse_status(last)
+            if parsed is RunStatus.FINISHED and RunStatus.FAILED in statuses:
+                return RunStatus.FAILED
             if parsed in _CLOSED_STATUSES:
                 return parsed
-        statuses = [manifest_status(m) for m in self.manifests.values()]
         if not statuses or any(s in (None, RunStatus.CRASHED) for s in statuses):
             return RunStatus.CRASHED
         if RunStatus.RUNNING in statuses:
@@ -464,24 +440,18 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
     return files, skipped, unknown
 
 
-def _add_journal_files(
-    files: dict[str, list[PartFile]], journals: JournalEvents
-) -> tempfile.TemporaryDirectory[str] | None:
-    """Add the journalled events no typed part holds yet, as scratch part files."""
+def _add_journal_files(files: dict[str, list[PartFile]], journals: JournalEvents) -> None:
+    """Add the journalled events no typed part holds yet, as in-memory parts."""
 
     def typed_max(event_type: str, rank: int) -> int:
         parts = [f for f in files.get(event_type, ()) if f.rank == rank]
         if all(f.seq_max is not None for f in parts):
             return max((int(f.seq_max or 0) for f in parts), default=-1)
-        seq = pl.scan_parquet([str(f.path) for f in parts]).select(pl.col("seq").max())
-        found = seq.collect().item()
+        found = scan_parts(parts).select(pl.col("seq").max()).collect().item()
         return -1 if found is None else int(found)
 
-    journal_files, scratch = materialise(journals, typed_max)
-    for j in journal_files:
-        part = _describe(j.path, j.event_type, j.rank, verify=False)
-        files.setdefault(j.event_type, []).append(dataclasses.replace(part, source=j.source))
-    return scratch
+    for part in journal_parts_of(journals, typed_max):
+        files.setdefault(part.event_type, []).append(part)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -509,7 +479,7 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
     journals = read_journals(run_dir, tolerant=tolerant)  # before the typed parts: see there
     files, skipped, unknown = _discover(run_dir, tolerant, superseded, verify_pages)
     skipped += [SkippedFile(path, reason) for path, reason in journals.skipped]
-    scratch = _add_journal_files(files, journals)
+    _add_journal_files(files, journals)
     if unknown:
         warnings.warn(
             f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
@@ -521,7 +491,6 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
         files=files,
         skipped=skipped,
         unknown_types=unknown,
-        scratch=scratch,
     )
     run.degraded = check_run_integrity(run)
     for note in run.degraded:

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import polars as pl
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
 from esper_analysis.integrity import IntegrityError, file_run_ids
+from esper_analysis.parts import PartFile, scan_parts
 from esper_analysis.schema import known_event_types
 
 if TYPE_CHECKING:
-    from esper_analysis.loader import PartFile, Run
+    from esper_analysis.loader import Run
 
 _CLOSED: Final = frozenset(
     s.value for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED)
@@ -163,7 +163,7 @@ def _distinct(files: Sequence[PartFile]) -> int:
     )
     if len(spans) == len(files) and all(a[1] < b[0] for a, b in itertools.pairwise(spans)):
         return sum(f.rows for f in files)
-    frame = pl.scan_parquet([str(f.path) for f in files], hive_partitioning=False)
+    frame = scan_parts(files, hive_partitioning=False)
     return int(frame.select(pl.col("seq").n_unique()).collect().item())
 
 
@@ -174,6 +174,6 @@ def _rows_after(files: Sequence[PartFile], last_seq: int) -> int:
         if f.seq_min is not None and f.seq_min > last_seq:
             rows += f.rows
         elif f.seq_max is None or f.seq_max > last_seq:
-            seq = pq.read_table(f.path, columns=["seq"]).column("seq")
+            seq = f.read_seq()
             rows += int(pc.sum(pc.greater(seq, last_seq)).as_py() or 0)
     return rows

@@ -18,7 +18,6 @@ from typing import ClassVar, Final
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 
 from esper.core.records import REWARD_COMPONENTS
 from esper_analysis.loader import Run
@@ -228,7 +227,7 @@ def _missing_components(run: Run) -> list[str]:
         return []
     present: set[str] = set()
     for f in files:
-        present.update(pq.read_schema(f.path).names)
+        present.update(f.column_names())
     return [c for c in _COMPONENTS if c not in present]
 
 

@@ -4,6 +4,7 @@ crashed run's journal read (and resumed) without losing or duplicating an event.
 from __future__ import annotations
 
 import errno
+import gc
 import time
 import warnings
 from pathlib import Path
@@ -208,6 +209,10 @@ def test_a_run_whose_typed_parts_never_landed_is_read_from_its_journal(
         "reward_computed": 4,
     }
     assert run.scan("reward_computed").collect()["step"].to_list() == [0, 1, 2, 3]
+    # The scan holds the journal's events itself: the run may be gone before collect.
+    lazy = load_run(run_dir).scan("env_step")
+    gc.collect()
+    assert lazy.collect()["step"].to_list() == [0, 1, 2, 3]
     assert {f.name_in(run_dir) for fs in run.files.values() for f in fs} == {"journal/rank=0"}
 
     # A new run of the same id is refused: the journal is this rank's telemetry.

@@ -120,8 +120,13 @@ class Hub:
         )
         self.level = level
 
-    def flush(self) -> None:
-        """Block until every event emitted so far is durable (no-op for in-memory hubs)."""
+    def flush(self, *, typed: bool = True) -> None:
+        """Block until every event emitted so far is durable (no-op for in-memory hubs).
+
+        ``typed=False`` lets them stay in the writer's journal instead of its typed parts
+        (:mod:`esper.telemetry.journal`): durable all the same, and much cheaper, which is
+        all a checkpoint needs.
+        """
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         raise NotImplementedError
@@ -223,8 +228,8 @@ class DelegatingHub(Hub):
     def closed(self) -> bool:
         return self._inner.closed
 
-    def flush(self) -> None:
-        self._inner.flush()
+    def flush(self, *, typed: bool = True) -> None:
+        self._inner.flush(typed=typed)
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         self._inner.close(status, error)
@@ -291,11 +296,11 @@ class TelemetryHub(StampingHub):
         self._writer.raise_if_failed()
         raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
 
-    def flush(self) -> None:
+    def flush(self, *, typed: bool = True) -> None:
         if self._closed:
             self._writer.raise_if_failed()
             return
-        self._writer.flush()
+        self._writer.flush(typed=typed)
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         """Flush, record a final ``writer_stats`` event, compact, write the final manifest.
@@ -308,7 +313,7 @@ class TelemetryHub(StampingHub):
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
-            writer.flush()
+            writer.flush(typed=False)  # the final drain converts everything once
             self._emit_writer_stats()
         except TelemetryWriteError as exc:
             failure = exc

@@ -12,8 +12,9 @@ interval: every earlier event is in a closed file.
 Typed parts. The writer keeps the journalled events and converts them, many flushes at
 once, into one typed part per event type (``events/type=<t>/rank=<r>/part-<n>.parquet``),
 then deletes the journal parts they cover: when :data:`CONVERT_PARTS` journal parts or
-:data:`CONVERT_EVENTS` events are pending, on every explicit :meth:`EventWriter.flush`
-(so a checkpoint's flush, or a test's, finds typed files) and on close. A batch of at
+:data:`CONVERT_EVENTS` events are pending, on an explicit :meth:`EventWriter.flush` that
+asks for typed parts (the default; the trainer's checkpoint flush asks only for
+durability) and on close. A batch of at
 least :data:`DIRECT_EVENTS` events (a burst) skips the journal and is converted at once.
 Too many small typed parts are merged as the run goes (every
 :data:`ROLLING_COMPACT_PARTS` parts) and everything is merged into one file per type on
@@ -127,6 +128,8 @@ class EventWriter:
         self._flushed = threading.Condition(self.lock)
         self._flush_requested = 0
         self._flush_done = 0
+        #: The latest flush generation that asked for typed parts.
+        self._typed_requested = 0
         self._stopping = False
         self._io_path: Path = manifest_path(run_dir, self.rank)
         self._next_part: dict[str, int] = {}
@@ -164,11 +167,9 @@ class EventWriter:
         if self.error is not None:
             raise self.error
 
-    def flush(self) -> None:
-        """Return once every event buffered before the call is in a closed typed part.
-
-        (The periodic flushes only journal; an explicit one also converts, so a
-        checkpoint's flush leaves ``events/`` complete up to that point.)
+    def flush(self, *, typed: bool = True) -> None:
+        """Return once every event buffered before the call is in a closed file: a typed
+        part, or with ``typed=False`` possibly a journal part (see the module docstring).
         """
         with self.lock:
             self.raise_if_failed()
@@ -176,6 +177,8 @@ class EventWriter:
                 raise TelemetryWriteError("telemetry writer is closed; cannot flush")
             self._flush_requested += 1
             target = self._flush_requested
+            if typed:
+                self._typed_requested = target
             self._wake.notify()
             while self._flush_done < target and self.error is None:
                 if not self._thread.is_alive():
@@ -235,14 +238,14 @@ class EventWriter:
                 batch = self.buffer.copy()
                 self.buffer.clear()
                 generation = self._flush_requested
-                explicit = generation != self._flush_done
+                typed = self._typed_requested > self._flush_done
                 stopping = self._stopping
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
                 self._room.notify_all()
             deadline = time.monotonic() + self._period_s
             cpu_start = time.thread_time_ns()
             try:
-                self._write_batch(batch, convert=explicit or stopping)
+                self._write_batch(batch, convert=typed or stopping)
                 self._rolling_compaction()
                 self.save_manifest()
                 # The manifest just saved lags by its own write; the next one has it.
