@@ -21,12 +21,13 @@ import pyarrow.parquet as pq
 
 from esper.telemetry.paths import tmp_path_for
 
-#: Compacted files are kept, so they get zstd (small); the short-lived per-flush parts
-#: get lz4, which costs ~1/3 of zstd per tiny file and keeps the writer thread's share
-#: of the CPU (and the GIL) small while training runs.
+#: Compacted files are kept, so they get zstd (small); the short-lived parts (journal
+#: parts, one per flush, and the typed parts made from them before their merge) get
+#: lz4, which costs ~1/3 of zstd per tiny file and keeps the writer thread's share of
+#: the CPU (and the GIL) small while training runs.
 COMPRESSION: Final = "zstd"
 PART_COMPRESSION: Final = "lz4"
-#: Per-flush parts are read back only by their merge (or after a crash): no column
+#: Short-lived parts are read back only by their merge (or after a crash): no column
 #: statistics and no dictionaries, which cost per column and so make most of a tiny
 #: file's price (0.63 ms instead of 0.79-0.87 per 8-event part; benchmarks/README.md,
 #: "Writer").
