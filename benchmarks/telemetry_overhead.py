@@ -137,7 +137,7 @@ def report(args: Any, per_level: dict[str, Any]) -> None:
         "CPU ratio = the same from process CPU time (every thread, steadier under load); "
         "writer CPU = the writer's own CPU time (per thread) as a share of the process's, "
         "and per event written; ms/flush = the writer's CPU (start and close included) per "
-        "batch of part files it wrote"
+        "batch it wrote (one journal part, or typed parts for a burst or a typed flush)"
     )
     normal = per_level.get("normal", {}).get("ratio_to_off")
     if normal is not None:

@@ -94,6 +94,24 @@ def test_a_periodic_flush_writes_one_journal_part_and_an_explicit_flush_converts
     assert sorted(all_seqs(run_dir)) == list(range(10))  # + writer_stats
 
 
+def test_a_durable_only_flush_journals_and_a_typed_flush_converts(tmp_path: Path) -> None:
+    """What the trainer's checkpoint flush asks for (``typed=False``): every event in a
+    closed file when it returns, but no typed part written for it."""
+    hub = open_run(tmp_path, "dur", level=TelemetryLevel.NORMAL, flush_interval_s=60.0)
+    assert isinstance(hub, TelemetryHub) and hub.run_dir is not None
+    run_dir = hub.run_dir
+    for event in _mixed(0):
+        hub.emit(event)
+    hub.flush(typed=False)
+    (part,) = journal_parts(run_dir, 0)
+    assert [e.seq for e in read_journal(part)] == [0, 1, 2]
+    assert not (run_dir / "events").exists()
+    hub.flush()
+    assert journal_parts(run_dir, 0) == []
+    assert [r["seq"] for r in read_type(run_dir, "action_taken")] == [1]
+    hub.close()
+
+
 def test_journal_parts_are_converted_after_convert_parts_flushes(tmp_path: Path) -> None:
     hub = open_run(tmp_path, "many", level=TelemetryLevel.NORMAL, flush_interval_s=FAST_FLUSH_S)
     assert isinstance(hub, TelemetryHub) and hub.run_dir is not None

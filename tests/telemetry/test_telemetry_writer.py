@@ -188,7 +188,10 @@ def test_interrupted_compaction_neither_loses_nor_duplicates(tmp_path: Path) -> 
     on_disk = [p.name for _, p in list_parts(directory)]
     assert len(on_disk) == 4  # three inputs + the merged output, all complete
     manifests = read_manifests(hub.run_dir)
-    (pending,) = manifests[0].pending_compactions
+    # The close merges every type under one intent save: env_step's and writer_stats'.
+    records = manifests[0].pending_compactions
+    assert sorted(r.event_type for r in records) == ["env_step", "writer_stats"]
+    (pending,) = [r for r in records if r.event_type == "env_step"]
     assert pending.output == f"type=env_step/rank=0/{on_disk[-1]}"
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
     live = [p.name for p in live_parts(hub.run_dir, manifests) if p.parent == directory]

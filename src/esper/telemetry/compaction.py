@@ -18,6 +18,7 @@ checksums verified, so a damaged part is never merged into a fresh, valid-lookin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,6 +65,48 @@ def _events_relative(path: Path) -> str:
     return path.relative_to(path.parents[2]).as_posix()
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """One rewrite: ``output`` (built from ``tables``, or none when None) replaces ``inputs``."""
+
+    event_type: str
+    inputs: list[Path]
+    output: Path
+    tables: Iterable[pa.Table] | None
+    schema: pa.Schema
+
+
+def rewrite_many(
+    *, sink: PartSink, manifest: Manifest, save: SaveManifest, rewrites: list[Rewrite]
+) -> list[int]:
+    """Run several rewrites under one intent record save and one clearing save.
+
+    Each record stands alone (its output exists or it does not), so recording them
+    together is as safe as one by one, for two manifest writes instead of two each
+    (a manifest write cost about as much as a small merge). Returns the output sizes.
+    """
+    records = [
+        Compaction(
+            event_type=r.event_type,
+            output=_events_relative(r.output),
+            inputs=[_events_relative(p) for p in r.inputs],
+        )
+        for r in rewrites
+    ]
+    manifest.pending_compactions.extend(records)
+    save(manifest)
+    sizes = [
+        0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output) for r in rewrites
+    ]
+    for r in rewrites:
+        for path in r.inputs:
+            sink.remove(path)
+    for record in records:
+        manifest.pending_compactions.remove(record)
+    save(manifest)
+    return sizes
+
+
 def rewrite_parts(
     *,
     sink: PartSink,
@@ -79,19 +122,28 @@ def rewrite_parts(
 
     Returns the size of the output in bytes (0 when no output is written).
     """
-    record = Compaction(
-        event_type=event_type,
-        output=_events_relative(output),
-        inputs=[_events_relative(p) for p in inputs],
-    )
-    manifest.pending_compactions.append(record)
-    save(manifest)
-    size = 0 if tables is None else sink.write_tables(tables, schema, output)
-    for path in inputs:
-        sink.remove(path)
-    manifest.pending_compactions.remove(record)
-    save(manifest)
+    rewrite = Rewrite(event_type, inputs, output, tables, schema)
+    (size,) = rewrite_many(sink=sink, manifest=manifest, save=save, rewrites=[rewrite])
     return size
+
+
+def merge(
+    *,
+    event_type: str,
+    inputs: list[Path],
+    output: Path,
+    schema: pa.Schema,
+    contents: list[pa.Table] | None = None,
+) -> Rewrite:
+    """The rewrite that merges ``inputs`` (in order) into ``output``.
+
+    ``contents``: the inputs' tables, one per input, when the caller still holds what it
+    wrote (the writer does, for its recent parts): the merge then reads no file.
+    """
+    if contents is not None and len(contents) != len(inputs):
+        raise ValueError(f"{len(contents)} tables given for {len(inputs)} parts")
+    tables = _batched(inputs, schema) if contents is None else _regrouped(contents)
+    return Rewrite(event_type, inputs, output, tables, schema)
 
 
 def compact_parts(
@@ -105,24 +157,12 @@ def compact_parts(
     schema: pa.Schema,
     contents: list[pa.Table] | None = None,
 ) -> int:
-    """Merge ``inputs`` (in order) into ``output`` with the crash-safe rewrite.
-
-    ``contents``: the inputs' tables, one per input, when the caller still holds what it
-    wrote (the writer does, for its recent parts): the merge then reads no file.
-    """
-    if contents is not None and len(contents) != len(inputs):
-        raise ValueError(f"{len(contents)} tables given for {len(inputs)} parts")
-    tables = _batched(inputs, schema) if contents is None else _regrouped(contents)
-    return rewrite_parts(
-        sink=sink,
-        manifest=manifest,
-        save=save,
-        event_type=event_type,
-        inputs=inputs,
-        output=output,
-        tables=tables,
-        schema=schema,
+    """Merge ``inputs`` (in order) into ``output`` with the crash-safe rewrite."""
+    job = merge(
+        event_type=event_type, inputs=inputs, output=output, schema=schema, contents=contents
     )
+    (size,) = rewrite_many(sink=sink, manifest=manifest, save=save, rewrites=[job])
+    return size
 
 
 def truncate_from_seq(

@@ -35,6 +35,7 @@ class WriterCounters(msgspec.Struct, kw_only=True):
     """Cumulative writer statistics (also emitted as the final ``writer_stats`` event)."""
 
     events_written: int = 0
+    #: Bytes of the journal parts and typed parts written (merged files not counted).
     bytes_written: int = 0
     flushes: int = 0
     max_queue_depth: int = 0

@@ -47,7 +47,7 @@ import pyarrow as pa
 from esper.core.enums import RunStatus
 from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
-from esper.telemetry.compaction import compact_parts
+from esper.telemetry.compaction import Rewrite, merge, rewrite_many
 from esper.telemetry.events import EVENT_TYPES, Event, event_tag
 from esper.telemetry.journal import group_by_type, journal_rank_dir, journal_table
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
@@ -356,29 +356,37 @@ class EventWriter:
 
         Earlier compacted files are left as they are, so closing costs time proportional
         to the last stretch of the run, not to the whole run. A single fresh part is
-        rewritten too: parts are lz4 while the run goes, a closed run is all zstd.
+        rewritten too: parts are lz4 while the run goes, a closed run is all zstd. All
+        types' merges share one intent record save (:func:`rewrite_many`).
         """
-        for tag in sorted(self._fresh):
-            fresh = self._fresh[tag]
-            if fresh:
-                self._merge(tag, list(fresh))
+        jobs = [
+            self._merge_job(tag, list(fresh)) for tag, fresh in sorted(self._fresh.items()) if fresh
+        ]
         self._fresh.clear()
+        if jobs:
+            self._rewrite(jobs)
 
     def _merge(self, tag: str, inputs: list[Path]) -> None:
-        held = self._take_held(tag)
-        output = self._next_part_path(tag)
-        self._io_path = output
-        compact_parts(
+        self._rewrite([self._merge_job(tag, inputs)])
+
+    def _merge_job(self, tag: str, inputs: list[Path]) -> Rewrite:
+        return merge(
+            event_type=tag,
+            inputs=inputs,
+            output=self._next_part_path(tag),
+            schema=event_schema(EVENT_TYPES[tag]),
+            contents=self._take_held(tag),  # every fresh part's table, or None
+        )
+
+    def _rewrite(self, jobs: list[Rewrite]) -> None:
+        self._io_path = jobs[-1].output
+        rewrite_many(
             sink=self.sink,
             manifest=self.manifest,
             save=lambda _m: self.save_manifest(),
-            event_type=tag,
-            inputs=inputs,
-            output=output,
-            schema=event_schema(EVENT_TYPES[tag]),
-            contents=held,  # every fresh part's table, or None
+            rewrites=jobs,
         )
-        self.counters.compactions += 1
+        self.counters.compactions += len(jobs)
 
     def save_manifest(self) -> None:
         path = manifest_path(self.run_dir, self.rank)
