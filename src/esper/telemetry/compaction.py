@@ -77,13 +77,20 @@ class Rewrite:
 
 
 def rewrite_many(
-    *, sink: PartSink, manifest: Manifest, save: SaveManifest, rewrites: list[Rewrite]
+    *,
+    sink: PartSink,
+    manifest: Manifest,
+    save: SaveManifest,
+    rewrites: list[Rewrite],
+    touching: Callable[[Path], None] = lambda _path: None,
 ) -> list[int]:
     """Run several rewrites under one intent record save and one clearing save.
 
     Each record stands alone (its output exists or it does not), so recording them
     together is as safe as one by one, for two manifest writes instead of two each
-    (a manifest write cost about as much as a small merge). Returns the output sizes.
+    (a manifest write cost about as much as a small merge). ``touching`` is told each
+    file before it is written or removed (so an error can name it). Returns the output
+    sizes.
     """
     records = [
         Compaction(

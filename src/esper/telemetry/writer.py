@@ -379,14 +379,17 @@ class EventWriter:
         )
 
     def _rewrite(self, jobs: list[Rewrite]) -> None:
-        self._io_path = jobs[-1].output
         rewrite_many(
             sink=self.sink,
             manifest=self.manifest,
             save=lambda _m: self.save_manifest(),
             rewrites=jobs,
+            touching=self._touching,
         )
         self.counters.compactions += len(jobs)
+
+    def _touching(self, path: Path) -> None:
+        self._io_path = path
 
     def save_manifest(self) -> None:
         path = manifest_path(self.run_dir, self.rank)
