@@ -35,6 +35,7 @@ Errors. Any exception in the writer thread is stored as :class:`TelemetryWriteEr
 from __future__ import annotations
 
 import bisect
+import contextlib
 import operator
 import threading
 import time
@@ -206,6 +207,8 @@ class EventWriter:
                 self._compact_all()
             except Exception as exc:
                 self._fail(exc)
+            else:
+                self._remove_empty_journal_dirs()
             self.counters.cpu_ns += time.thread_time_ns() - cpu_start
         self.manifest.status = status.value if self.error is None else RunStatus.FAILED.value
         self.manifest.error = error or (str(self.error) if self.error else "")
@@ -215,6 +218,13 @@ class EventWriter:
         except Exception as exc:
             if self.error is None:
                 self._fail(exc)
+
+    def _remove_empty_journal_dirs(self) -> None:
+        """A cleanly closed rank leaves no journal, not even its empty directory (the
+        shared ``journal/`` goes too once no other rank has one)."""
+        for directory in (self._journal_dir, self._journal_dir.parent):
+            with contextlib.suppress(OSError):  # absent, or still in use
+                directory.rmdir()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
