@@ -11,16 +11,16 @@ manifest checks treat them like any part, and messages name the journal director
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import pyarrow as pa
 
 from esper.telemetry.arrow_schema import events_to_table
-from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_tag
+from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION, Event
 from esper.telemetry.journal import (
     JournalError,
     journal_parts,
@@ -35,8 +35,11 @@ from esper_analysis.parts import PartFile
 #: What reading a journal part can raise when the file is damaged or foreign.
 _UNREADABLE: Final = (JournalError, OSError, pa.ArrowException, UnicodeDecodeError)
 
-#: ``typed_max(event_type, rank)``: the largest ``seq`` of that type's typed parts (-1).
-TypedMax = Callable[[str, int], int]
+
+class TypedMax(Protocol):
+    """The largest ``seq`` of a type's typed parts of one rank (-1: none)."""
+
+    def __call__(self, event_type: str, rank: int) -> int: ...
 
 
 @dataclass
@@ -92,8 +95,8 @@ def journal_parts_of(journals: JournalEvents, typed_max: TypedMax) -> list[PartF
     """One in-memory part per type and rank: the events no typed part holds yet."""
     found: list[PartFile] = []
     for rank, events in sorted(journals.by_rank.items()):
-        floors = {tag: typed_max(tag, rank) for tag in {event_tag(type(e)) for e in events}}
-        for tag, kept in sorted(unconverted(events, floors).items()):
+        fresh = unconverted(events, functools.partial(typed_max, rank=rank))
+        for tag, kept in sorted(fresh.items()):
             found.append(
                 PartFile(
                     path=journal_rank_dir(journals.run_dir, rank),

@@ -76,7 +76,7 @@ def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
     for rank in journal_ranks(run_dir):
         typed_max = max((r["seq"] for r in rows if r["rank"] == rank), default=-1)
         events = [e for path in journal_parts(run_dir, rank) for e in read_journal(path)]
-        rows += [as_row(e) for e in unconverted(events, {tag: typed_max}).get(tag, [])]
+        rows += [as_row(e) for e in unconverted(events, lambda _t, m=typed_max: m).get(tag, [])]
     return sorted(rows, key=lambda r: (r["rank"], r["seq"]))
 
 

@@ -102,36 +102,18 @@ def rewrite_many(
     ]
     manifest.pending_compactions.extend(records)
     save(manifest)
-    sizes = [
-        0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output) for r in rewrites
-    ]
+    sizes = []
+    for r in rewrites:
+        touching(r.output)
+        sizes.append(0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output))
     for r in rewrites:
         for path in r.inputs:
+            touching(path)
             sink.remove(path)
     for record in records:
         manifest.pending_compactions.remove(record)
     save(manifest)
     return sizes
-
-
-def rewrite_parts(
-    *,
-    sink: PartSink,
-    manifest: Manifest,
-    save: SaveManifest,
-    event_type: str,
-    inputs: list[Path],
-    output: Path,
-    tables: Iterable[pa.Table] | None,
-    schema: pa.Schema,
-) -> int:
-    """Replace ``inputs`` by ``output`` (built from ``tables``, or skipped when None).
-
-    Returns the size of the output in bytes (0 when no output is written).
-    """
-    rewrite = Rewrite(event_type, inputs, output, tables, schema)
-    (size,) = rewrite_many(sink=sink, manifest=manifest, save=save, rewrites=[rewrite])
-    return size
 
 
 def merge(
@@ -195,16 +177,9 @@ def truncate_from_seq(
         removed += table.num_rows - kept.num_rows
         output = directory / part_name(next_number)
         next_number += 1
-        rewrite_parts(
-            sink=sink,
-            manifest=manifest,
-            save=save,
-            event_type=event_type,
-            inputs=[path],
-            output=output,
-            tables=[kept] if kept.num_rows else None,
-            schema=schema,
-        )
+        tables = [kept] if kept.num_rows else None
+        rewrite = Rewrite(event_type, [path], output, tables, schema)
+        rewrite_many(sink=sink, manifest=manifest, save=save, rewrites=[rewrite])
     return removed
 
 

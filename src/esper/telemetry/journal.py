@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final, Union
 
@@ -124,17 +124,17 @@ def group_by_type(events: Iterable[Event]) -> dict[str, list[Event]]:
 
 
 def unconverted(
-    events: Iterable[Event], typed_max_seq: Mapping[str, int], *, below_seq: int | None = None
+    events: Iterable[Event], typed_max_seq: Callable[[str], int]
 ) -> dict[str, list[Event]]:
     """Journal events per type that no typed part holds yet (see the module docstring).
 
-    ``typed_max_seq``: the largest ``seq`` in each type's typed parts of the same rank
-    (absent: none). ``below_seq``: also drop events at or after it (a resume's cut).
+    ``typed_max_seq(tag)``: the largest ``seq`` in that type's typed parts of the same
+    rank (-1: none); asked once per type present.
     """
     out: dict[str, list[Event]] = {}
     for tag, found in group_by_type(events).items():
-        floor = typed_max_seq.get(tag, -1)
-        kept = [e for e in found if e.seq > floor and (below_seq is None or e.seq < below_seq)]
+        floor = typed_max_seq(tag)
+        kept = [e for e in found if e.seq > floor]
         if kept:
             out[tag] = kept
     return out

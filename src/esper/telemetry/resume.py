@@ -33,7 +33,6 @@ from esper.telemetry.compaction import (
 )
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
 from esper.telemetry.journal import (
-    group_by_type,
     journal_parts,
     journal_rank_dir,
     read_journal,
@@ -169,18 +168,19 @@ def _convert_journal(run_dir: Path, *, rank: int, start_seq: int, sink: PartSink
     if not parts:
         return 0
     events = [event for path in parts for event in read_journal(path)]
-    groups = group_by_type(events)
-    typed_max = {tag: _max_seq(type_rank_dir(run_dir, tag, rank)) for tag in groups}
-    converted = sum(1 for tag, found in groups.items() for e in found if e.seq <= typed_max[tag])
-    kept = unconverted(events, typed_max, below_seq=start_seq)
-    for tag, found in kept.items():
-        directory = type_rank_dir(run_dir, tag, rank)
-        existing = list_parts(directory)
-        path = directory / part_name(existing[-1][0] + 1 if existing else 0)
-        sink.write_table(events_to_table(EVENT_TYPES[tag], found), path)
+    cut = 0
+    fresh = unconverted(events, lambda tag: _max_seq(type_rank_dir(run_dir, tag, rank)))
+    for tag, found in fresh.items():
+        kept = [e for e in found if e.seq < start_seq]
+        cut += len(found) - len(kept)
+        if kept:
+            directory = type_rank_dir(run_dir, tag, rank)
+            existing = list_parts(directory)
+            path = directory / part_name(existing[-1][0] + 1 if existing else 0)
+            sink.write_table(events_to_table(EVENT_TYPES[tag], kept), path)
     for path in parts:
         sink.remove(path)
-    return len(events) - converted - sum(len(found) for found in kept.values())
+    return cut
 
 
 def _max_seq(directory: Path) -> int:
