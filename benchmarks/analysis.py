@@ -20,6 +20,7 @@ OS page cache stays warm: the run is read from memory, not disk, after the first
 
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import shutil
@@ -182,13 +183,25 @@ def run_worker(kind: str, run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def file_layout() -> str:
+    """A short digest of the options compacted files are written with."""
+    import pyarrow as pa
+
+    from esper.telemetry import sink
+
+    options = sink.compact_options(pa.schema([]))
+    facts = (sorted(options.items()), sink.DICTIONARY_INTEGERS, sink.COMPACT_ROW_GROUP_ROWS)
+    return hashlib.sha256(repr(facts).encode()).hexdigest()[:8]
+
+
 def ensure_run(events: int, cache: Path) -> tuple[Path, float | None]:
     """The cached synthetic run (written now if absent); seconds spent writing it."""
     from esper_analysis.synth import synthesize_run
 
     from esper.telemetry.events import SCHEMA_VERSION
 
-    run_dir = cache / f"synth-{events}-s{SEED}-v{SCHEMA_VERSION}"  # a new layout, a new run
+    # A new schema or new file options (the writer's), a new run.
+    run_dir = cache / f"synth-{events}-s{SEED}-v{SCHEMA_VERSION}-{file_layout()}"
     if (run_dir / "manifest.json").exists():  # the manifest is written last
         return run_dir, None
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted earlier write

@@ -73,7 +73,8 @@ class _Partials:
     a roll-up of these partials, so the large frame is converted and grouped once."""
 
     def __init__(self, df: pl.DataFrame) -> None:
-        group, n, self.keys = _grouped(df, _FINE)
+        self.radix = _mixed_radix(df, _FINE) if df.height else None
+        group, n, self.keys = _grouped(df, _FINE, self.radix)
         self.rows = np.bincount(group, minlength=n)
         self.sums: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
@@ -87,6 +88,25 @@ class _Partials:
                 if nulls
                 else self.rows
             )
+
+    def rolled_up(self, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
+        """Group id per finest group for ``keys``, the number of groups and their key
+        values. On the mixed-radix path each key's digit is arithmetic on the finest
+        group's code (no second grouping of the key frame)."""
+        if self.radix is None:
+            return _grouped(self.keys, keys)
+        sizes = [len(values) for values in self.radix.digits]
+        strides = np.cumprod([1, *sizes[:0:-1]])[::-1]  # of each key's digit in the code
+        code = np.zeros(len(self.radix.used), dtype=np.int64)
+        size = 1
+        digits = []
+        for key in keys:
+            i = _FINE.index(key)
+            code = code * sizes[i] + (self.radix.used // strides[i]) % sizes[i]
+            size *= sizes[i]
+            digits.append(self.radix.digits[i])
+        group, used, key_values = _decoded(code, size, digits)
+        return group, len(used), key_values
 
 
 def _renumber(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,11 +153,22 @@ def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     return group, n
 
 
-def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> tuple[pl.Expr, list[pl.Series], int] | None:
-    """One integer expression that numbers every combination of ``keys`` (a mixed-radix
-    number: each key's offset from its minimum, or its rank among the sorted distinct
-    strings), each key's distinct values in code order, and the number of codes; None
-    when a key has nulls or the combinations outnumber :data:`_MAX_DIRECT_CODES` rows."""
+@dataclasses.dataclass
+class _Radix:
+    """Every combination of some keys numbered as one mixed-radix integer: ``code`` per
+    row (a polars expression), each key's distinct values in digit order, the number of
+    codes, and (once grouped) the codes in use in ascending order."""
+
+    code: pl.Expr
+    digits: list[pl.Series]
+    size: int
+    used: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> _Radix | None:
+    """The mixed-radix numbering of ``keys`` (each key's offset from its minimum, or its
+    rank among the sorted distinct strings); None when a key has nulls or the
+    combinations outnumber :data:`_MAX_DIRECT_CODES` rows."""
     code: pl.Expr = pl.lit(0, dtype=pl.Int64)
     digits: list[pl.Series] = []
     size = 1
@@ -162,26 +193,39 @@ def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> tuple[pl.Expr, list[pl.Se
             return None
         code = code * len(values) + digit
         digits.append(values)
-    return code, digits, size
+    return _Radix(code, digits, size)
 
 
-def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
+def _decoded(
+    code: np.ndarray, size: int, digits: list[pl.Series]
+) -> tuple[np.ndarray, np.ndarray, pl.DataFrame]:
+    """Dense group ids of mixed-radix ``code`` values, the codes in use (group ``g`` is
+    code ``used[g]``), and each group's key values decoded from its code."""
+    group, used = _renumber(code, size)
+    rest = used.copy()
+    columns = []
+    for values in reversed(digits):
+        columns.append(values.gather(rest % len(values)))
+        rest //= len(values)
+    return group, used, pl.DataFrame(columns[::-1])
+
+
+def _grouped(
+    df: pl.DataFrame, keys: list[str], radix: _Radix | None = None
+) -> tuple[np.ndarray, int, pl.DataFrame]:
     """Group id per row, the number of groups, and each group's key values.
 
     Fast path: one mixed-radix code per row computed by polars in a single pass, made
-    dense with one bincount, and the key values decoded from the codes in use. Else
-    per-key codes (:func:`_group_codes`) and key values taken from a row of each group.
+    dense with one bincount, and the key values decoded from the codes in use (kept in
+    ``radix.used``). Else per-key codes (:func:`_group_codes`) and key values taken from
+    a row of each group.
     """
-    radix = _mixed_radix(df, keys) if df.height else None
+    if radix is None and df.height:
+        radix = _mixed_radix(df, keys)
     if radix is not None:
-        expr, digits, size = radix
-        group, used = _renumber(df.select(expr).to_series().to_numpy(), size)
-        n = len(used)
-        columns = []
-        for values in reversed(digits):
-            columns.append(values.gather(used % len(values)))
-            used //= len(values)
-        return group, n, pl.DataFrame(columns[::-1])
+        codes = df.select(radix.code).to_series().to_numpy()
+        group, radix.used, key_values = _decoded(codes, radix.size, radix.digits)
+        return group, len(radix.used), key_values
     group, n = _group_codes(df, keys)
     first = np.empty(n, dtype=np.int64)
     first[group] = np.arange(df.height)
@@ -197,7 +241,7 @@ def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> 
         empty = [pl.Series("rows", [], dtype=pl.UInt32)]
         empty += [pl.Series(c, [], dtype=pl.Float64) for c in _SUMMED]
         return fine.select(keys).with_columns(empty)
-    group, n, key_values = _grouped(fine, keys)
+    group, n, key_values = partials.rolled_up(keys)
     out = [
         pl.Series("rows", np.bincount(group, weights=partials.rows, minlength=n), dtype=pl.UInt32)
     ]

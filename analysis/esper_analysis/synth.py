@@ -28,7 +28,7 @@ from esper.core.enums import LifecycleOp, RunStatus, SeedStage
 from esper.core.records import REWARD_COMPONENTS
 from esper.telemetry.events import SCHEMA_VERSION
 from esper.telemetry.paths import event_type_of, type_rank_dir
-from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, COMPRESSION
+from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, compact_options
 from esper_analysis.loader import EVENTS_DIR, MANIFEST_NAME
 from esper_analysis.schema import event_schema
 from esper_analysis.synth_plan import (
@@ -74,12 +74,12 @@ def _write(run_dir: Path, event_type: str, columns: dict[str, Any]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"esper.schema_version": str(SCHEMA_VERSION), "esper.event_type": event_type}
     table = frame.to_arrow().replace_schema_metadata(meta)
-    pq.write_table(  # as the writer's compacted files: zstd, page checksums, row groups
+    pq.write_table(  # as the writer's compacted files: same options, page checksums
         table,
         out / "part-000000.parquet",
-        compression=COMPRESSION,
         write_page_checksum=True,
         row_group_size=COMPACT_ROW_GROUP_ROWS,
+        **compact_options(table.schema),
     )
     return frame.height
 

@@ -225,3 +225,30 @@ def test_grouped_keys_match_their_rows_on_both_paths() -> None:
         assert n_groups == int(reference.max()) + 1 == key_values.height
         assert len(set(zip(group.tolist(), reference.tolist(), strict=True))) == n_groups
         assert key_values[group].equals(df.select(keys))  # every row's keys, via its group
+
+
+def test_rolled_up_groups_match_a_group_by_of_the_finest_keys() -> None:
+    """Every roll-up of the finest partials (digits of the mixed-radix code, or a second
+    grouping on the fallback path) gives each row of the key frame the group its keys
+    name, with those key values."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    rows = pl.DataFrame(
+        {
+            "rank": rng.integers(0, 2, n),
+            "round": rng.integers(3, 30, n),
+            "env": rng.integers(0, 4, n),
+            "op": rng.choice(["wait", "germinate", "prune"], n).tolist(),
+            **{c: rng.random(n) for c in rw._SUMMED},
+        }
+    )
+    wide = rows.with_columns(pl.col("round") * 10**15)  # too wide to code: the fallback
+    for frame, direct in ((rows, True), (wide, False)):
+        partials = rw._Partials(frame)
+        assert (partials.radix is not None) is direct
+        for keys in (["env"], ["op"], ["round"], ["rank", "round", "env"], ["env", "op"]):
+            group, n_groups, key_values = partials.rolled_up(keys)
+            assert key_values.height == n_groups == partials.keys.select(keys).n_unique()
+            assert key_values[group].equals(partials.keys.select(keys)), keys
+            total = rw._group_sums(partials, keys)["total"].sum()
+            assert abs(total - float(frame["total"].sum())) < 1e-9
