@@ -66,14 +66,18 @@ def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values, counts) of an integer column, via ``numpy.bincount``.
 
     Counting is a histogram over small integer ranges (rounds, envs, steps), which
-    bincount does in one linear pass, several times cheaper than a hash group-by.
+    bincount does in one linear pass, several times cheaper than a hash group-by. A
+    column of one value (the rank of a one-process run) is counted without a pass.
     """
     if values.null_count():
         values = values.drop_nulls()
-    arr = values.to_numpy()  # no copy for a column without nulls
-    if arr.size == 0:
+    if values.is_empty():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    low = int(arr.min())
+    low, high = values.min(), values.max()
+    if low == high:
+        return np.array([low], dtype=np.int64), np.array([len(values)], dtype=np.int64)
+    low = int(low)  # type: ignore[arg-type]
+    arr = values.to_numpy()
     # Values from 0 up are counted as they are (no shifted copy) unless the range below
     # the smallest is larger than the column itself.
     counts = np.bincount(arr)[low:] if 0 <= low <= arr.size else np.bincount(arr - low)

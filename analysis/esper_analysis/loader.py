@@ -388,7 +388,7 @@ def _describe_all(
 ) -> list[PartFile | BaseException]:
     """``_describe`` of every file, in order; a file's error is returned, not raised.
 
-    Files are read and checksummed on a thread pool: reading and ``zlib.crc32`` release
+    Files are read and checksummed on a thread pool: reading and the CRC32 release
     the GIL, so page verification of a large run runs on every core.
     """
 

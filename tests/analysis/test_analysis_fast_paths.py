@@ -252,3 +252,12 @@ def test_rolled_up_groups_match_a_group_by_of_the_finest_keys() -> None:
             assert key_values[group].equals(partials.keys.select(keys)), keys
             total = rw._group_sums(partials, keys)["total"].sum()
             assert abs(total - float(frame["total"].sum())) < 1e-9
+
+
+def test_histograms_of_constant_negative_sparse_empty_and_null_columns() -> None:
+    for values in ([3, 3, 3], [-2, 5, -2, 7], [0, 10**6, 10**6], [], [None, 4, None, 4, 1]):
+        series = pl.Series("v", values, dtype=pl.Int64)
+        keys, counts = counts_module._histogram(series)
+        plain = series.drop_nulls().value_counts().sort("v")
+        assert keys.tolist() == plain["v"].to_list()
+        assert counts.tolist() == plain["count"].to_list()
