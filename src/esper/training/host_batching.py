@@ -5,9 +5,13 @@ kernel launches and Python, not arithmetic.
 
 - Train: the envs of one device (same host shapes and SGD settings, CNN hosts) train as
   one :class:`slot_groups.HostBatch`: hosts stacked and vmapped, seeds grouped per slot.
-- Validation: envs whose whole structure matches (:func:`structure_key`: the same
-  blueprint, stage class and blend operator in every slot) and that evaluate the same
-  number of counterfactual configurations run the fused pass as one vmapped graph.
+- Validation (on accelerators; on a CPU per env, which measured faster): the envs of
+  one :func:`slot_groups.host_key` that evaluate the same number K of counterfactual
+  configurations run the fused pass as one :class:`slot_groups.HostBatch` too: every
+  configuration of every env in one host graph, the blended seeds grouped per slot
+  (TRAINING seeds pass through without gradients). The first design grouped by whole
+  structure (:func:`structure_key`: the same seed kind in every slot), which split as
+  the envs' seeds diverged.
 
 Each env's ``nn.Module`` stays the source of truth: tensors are stacked at the start of
 a pass and written back (parameters, buffers, momentum, the last batch's gradients,
@@ -31,7 +35,6 @@ from collections.abc import Hashable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call
 
 from esper.core.enums import SeedStage, Topology
 from esper.model.lifecycle import BLENDED_STAGES
@@ -68,7 +71,9 @@ def _slot_key(slot: SeedSlot) -> Hashable:
 
 
 def structure_key(env: EnvState) -> Hashable | None:
-    """Envs with equal keys can train as one batched graph; None: only per env."""
+    """Envs with equal keys have the same whole structure; None: only per env. The first
+    design batched only such envs; kept to measure what per-slot grouping gains
+    (``benchmarks/batch_groups.py``)."""
     if env.scaler is not None:
         return None  # GradScaler's per-optimizer inf checks stay on the per-env path
     if env.model.topology != Topology.CNN:
@@ -90,7 +95,7 @@ def structure_key(env: EnvState) -> Hashable | None:
 
 def group_envs(envs: Sequence[EnvState]) -> list[list[EnvState]]:
     """Envs grouped by :func:`structure_key`, in first-seen order (each unbatchable env
-    is a group of its own)."""
+    is a group of its own): the first design's groups, for comparisons."""
     groups: dict[Hashable, list[EnvState]] = {}
     for env in envs:
         key = structure_key(env)
@@ -168,12 +173,23 @@ def validate_batched(
     val_batches: Sequence[Batch],
     alphas: Sequence[Tensor | None],
     opts: PassOptions,
+    *,
+    per_slot: bool | None = None,
 ) -> list[Tensor]:
-    """:func:`batch_ops.validate_fused` with same-structure envs that evaluate the same
-    number of alpha configurations run as one vmapped graph (same result layout)."""
+    """:func:`batch_ops.validate_fused` with the envs of one host key that evaluate the
+    same number of alpha configurations run as one batch (same result layout).
+
+    ``per_slot`` None: batched on accelerators only. On a CPU the batched graph's
+    grouped convolutions made this pass 2-2.7x slower than the per-env passes
+    (benchmarks/README.md, "Batched host path"), so there every env validates alone.
+    """
+    if per_slot is None:
+        per_slot = envs[0].device.type != "cpu" if envs else False
+    if not per_slot:
+        return validate_fused(envs, val_batches, alphas, opts)
     groups: dict[Hashable, list[int]] = {}
     for i, (env, alpha) in enumerate(zip(envs, alphas, strict=True)):
-        key = structure_key(env)
+        key = host_key(env)
         k = 1 if alpha is None else alpha.shape[0]
         groups.setdefault(("single", i) if key is None else (key, k), []).append(i)
     results: dict[int, Tensor] = {}
@@ -196,13 +212,14 @@ def _validate_group(
     alphas: Sequence[Tensor | None],
     opts: PassOptions,
 ) -> Tensor:
-    """[N, 2 + K] ``val_layout(K)`` rows: every env's K configurations in one graph."""
+    """[N, 2 + K] ``val_layout(K)`` rows: every env's K configurations in one batch.
+
+    As ``MorphogeneticModel.fused_forward``: the batch is repeated K times and copy k
+    gets configuration k's alphas, for every env at once.
+    """
     for env in envs:
-        env.model.eval()
-    named = [dict(env.model.named_parameters()) for env in envs]
-    named_buffers = [dict(env.model.named_buffers()) for env in envs]
-    params = {n: torch.stack([m[n] for m in named]) for n in named[0]}
-    buffers = {n: torch.stack([m[n] for m in named_buffers]) for n in named_buffers[0]}
+        env.model.eval()  # before stacking: the seed kinds are read in eval terms
+    batch = HostBatch(envs, train=False)
     # No active seed (None): one row, the current alphas (seeds that blend nothing).
     rows = [
         e.model.current_alphas()[None] if a is None else a
@@ -211,23 +228,18 @@ def _validate_group(
     device = envs[0].device
     configs = torch.stack(rows).to(device, non_blocking=True)  # [N, K, n_slots]
     n, k = configs.shape[0], configs.shape[1]
-    model = envs[0].model
-
-    def env_logits(p: dict[str, Tensor], b: dict[str, Tensor], a: Tensor, x: Tensor) -> Tensor:
-        xs = torch.cat([x] * k) if k > 1 else x  # as MorphogeneticModel.fused_forward
-        per_sample = a.repeat_interleave(x.shape[0], dim=0)
-        logits: Tensor = functional_call(model, (p, b), (xs, per_sample))
-        return logits.view(k, x.shape[0], *logits.shape[1:])
-
-    batched = torch.vmap(env_logits, in_dims=(0, 0, 0, None))
     lay = val_layout(k)
     acc = torch.zeros(n, lay.width, device=device)
     for x, y in val_batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if opts.channels_last and x.dim() == IMAGE_DIMS:
             x = x.contiguous(memory_format=torch.channels_last)
+        b = x.shape[0]
+        xs = torch.cat([x] * k) if k > 1 else x
+        per_sample = configs.repeat_interleave(b, dim=1)  # [N, K*B, n_slots]
         with autocast(device, opts.amp):
-            logits = batched(params, buffers, configs, x)  # [N, K, B, ..., C]
+            logits = batch.forward(xs.expand(n, *xs.shape), per_sample)  # [N, K*B, ..., C]
+        logits = logits.view(n, k, b, *logits.shape[2:])
         classes = logits.shape[-1]
         real = logits[:, 0].reshape(-1, classes).float()
         losses = F.cross_entropy(real, y.reshape(-1).repeat(n), reduction="none")

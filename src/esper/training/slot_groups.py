@@ -59,10 +59,13 @@ def sgd_owners(env: EnvState) -> dict[int, tuple[torch.optim.SGD, SgdSettings]] 
     return owners
 
 
-def _in_forward(slot: SeedSlot) -> bool:
-    """Whether the slot's seed runs in a training forward (``SeedSlot.forward``)."""
+def _in_forward(slot: SeedSlot, train: bool) -> bool:
+    """Whether the slot's seed runs in the forward (``SeedSlot.forward``): a TRAINING
+    seed only where gradients flow (its straight-through output is exactly the input)."""
     stage = slot.life.stage
-    return slot.seed is not None and (stage == SeedStage.TRAINING or stage in BLENDED_STAGES)
+    if slot.seed is None:
+        return False
+    return stage in BLENDED_STAGES or (train and stage == SeedStage.TRAINING)
 
 
 def host_key(env: EnvState) -> Hashable | None:
@@ -80,11 +83,14 @@ def host_key(env: EnvState) -> Hashable | None:
 
 
 def _seed_kind(
-    env: EnvState, slot_id: str, owners: dict[int, tuple[torch.optim.SGD, SgdSettings]]
+    env: EnvState,
+    slot_id: str,
+    owners: dict[int, tuple[torch.optim.SGD, SgdSettings]],
+    train: bool,
 ) -> Hashable | None:
     """What decides a slot's seed code and update; None where the slot passes through."""
     slot = env.model.slot(slot_id)
-    if not _in_forward(slot):
+    if not _in_forward(slot, train):
         return None
     params = tuple(
         (n, tuple(p.shape), p.requires_grad, owners.get(id(p), (None, None))[1])
@@ -116,10 +122,15 @@ class _Kind:
 
 
 class HostBatch:
-    """Envs with one :func:`host_key`, stacked for one epoch (see the module docstring)."""
+    """Envs with one :func:`host_key`, stacked for one epoch (see the module docstring).
 
-    def __init__(self, envs: Sequence[EnvState]) -> None:
+    ``train=False`` stacks for evaluation (under ``torch.no_grad``, models in eval
+    mode): no momentum, and TRAINING seeds pass through, as they do without gradients.
+    """
+
+    def __init__(self, envs: Sequence[EnvState], *, train: bool = True) -> None:
         self.envs = list(envs)
+        self.train = train
         self.model = envs[0].model
         self.device = envs[0].device
         self.named = [dict(e.model.named_parameters()) for e in envs]
@@ -135,7 +146,7 @@ class HostBatch:
             for i, env in enumerate(envs):
                 owners = self.owners[i]
                 assert owners is not None, "host_key admits only batchable optimizers"
-                kind = _seed_kind(env, slot_id, owners)
+                kind = _seed_kind(env, slot_id, owners, train)
                 if kind is not None:
                     by_kind.setdefault(kind, []).append(i)
             prefix = f"slots.{slot_id}."
@@ -166,7 +177,7 @@ class HostBatch:
                 settings = owner[id(p)][1] if id(p) in owner else None
                 grad = stacked.requires_grad_(p.requires_grad)
                 entry = _Stack(name, rows, index, grad, settings)
-                if settings is not None and settings.momentum != 0:
+                if self.train and settings is not None and settings.momentum != 0:
                     entry.momentum = torch.stack([self._momentum(i, name) for i in rows])
                 self.params[tag + name] = entry
         for name in self.buffers_of[first]:
@@ -204,28 +215,33 @@ class HostBatch:
         out: Tensor = torch.vmap(one)(params, bufs, h, *extra)
         return out
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Logits [N, B, ...] of every env for inputs x [N, B, ...]."""
+    def forward(self, x: Tensor, alphas: Tensor | None = None) -> Tensor:
+        """Logits [N, B, ...] of every env for inputs x [N, B, ...]; ``alphas``
+        [N, B, n_slots] forces per-sample alphas (else each env's current ones)."""
         host = self.model.host
         h = self._call(host.stem, "host.stem.", x)
         for i, segment in enumerate(host.segments):
             h = self._call(segment, f"host.segments.{i}.", h)
             slot_id = self.slot_at.get(i)
             if slot_id is not None:
-                h = self._slot(slot_id, h)
+                h = self._slot(slot_id, h, alphas)
         return self._call(host.head, "host.head.", h)
 
-    def _slot(self, slot_id: str, h: Tensor) -> Tensor:
+    def _slot(self, slot_id: str, h: Tensor, alphas: Tensor | None) -> Tensor:
         kinds = self.kinds[slot_id]
         if not kinds:
             return h
         col = self.model.slot_ids.index(slot_id)
+        if alphas is None:
+            column = self.alphas[:, col]  # [N]: one alpha per env
+        else:  # [N, B]: per sample, shaped to broadcast over each sample's activation
+            column = alphas[:, :, col].reshape(alphas.shape[:2] + (1,) * (h.dim() - 2))
         if len(kinds) == 1 and kinds[0].rows.numel() == len(self.envs):
             # every env runs the same seed kind here: no gather, no scatter
-            return self._call(kinds[0].module, kinds[0].prefix, h, self.alphas[:, col])
+            return self._call(kinds[0].module, kinds[0].prefix, h, column)
         out = h
         for kind in kinds:
-            alpha = self.alphas.index_select(0, kind.rows)[:, col]
+            alpha = column.index_select(0, kind.rows)
             part = self._call(kind.module, kind.prefix, h.index_select(0, kind.rows), alpha)
             out = out.index_copy(0, kind.rows, part.to(out.dtype))
         return out
