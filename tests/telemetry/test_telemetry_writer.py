@@ -225,3 +225,30 @@ def test_the_close_merge_rewrites_fresh_parts_from_memory(tmp_path: Path) -> Non
                 hub.flush()  # three fresh parts
     assert hub.run_dir is not None
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(30))
+
+
+def test_compacted_files_use_dictionaries_only_on_strings_and_envelope_integers(
+    tmp_path: Path,
+) -> None:
+    """Strings and the envelope's few-valued integers are dictionary-encoded; other
+    numbers (seq, timestamps, payload values) stay plain, where a dictionary costs."""
+    rows = 3_000
+    table = pa.table(
+        {
+            "seq": pa.array(range(rows), pa.int64()),
+            "round": pa.array([i // 500 for i in range(rows)], pa.int64()),
+            "step": pa.array([i % 20 for i in range(rows)], pa.int64()),
+            "op": pa.array(["WAIT", "PRUNE"] * (rows // 2)),
+            "loss": pa.array([i / 7 for i in range(rows)]),
+        }
+    )
+    path = tmp_path / "part.parquet"
+    ParquetSink().write_tables([table], table.schema, path)
+    chunks = pq.read_metadata(path).row_group(0)
+    encodings = {
+        chunks.column(i).path_in_schema: chunks.column(i).encodings
+        for i in range(chunks.num_columns)
+    }
+    dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
+    assert dictionary == {"round", "step", "op"}
+    assert pq.read_table(path).equals(table)

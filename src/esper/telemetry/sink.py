@@ -11,6 +11,7 @@ silently different number.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,12 +64,19 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 def compact_options(schema: pa.Schema) -> dict[str, Any]:
     """Parquet options of a compacted (kept) file of ``schema``; page checksums and the
-    row group size are set where the file is written."""
-    return {
+    row group size are set where the file is written. The page row limit is passed
+    only where pyarrow takes it (recent versions; this package accepts pyarrow 15 and
+    up): without it the files are the same, with pyarrow's default page size."""
+    options: dict[str, Any] = {
         "compression": COMPRESSION,
         "use_dictionary": dictionary_columns(schema),
-        "max_rows_per_page": COMPACT_PAGE_ROWS,
     }
+    if _TAKES_PAGE_ROWS:
+        options["max_rows_per_page"] = COMPACT_PAGE_ROWS
+    return options
+
+
+_TAKES_PAGE_ROWS: Final = "max_rows_per_page" in inspect.signature(pq.ParquetWriter).parameters
 
 
 def _is_string(kind: pa.DataType) -> bool:
