@@ -74,7 +74,13 @@ class _Partials:
 
     def __init__(self, df: pl.DataFrame) -> None:
         self.radix = _mixed_radix(df, _FINE) if df.height else None
-        group, n, self.keys = _grouped(df, _FINE, self.radix)
+        #: The finest groups' mixed-radix codes (group ``g`` is ``codes[g]``), radix path.
+        self.codes = np.empty(0, dtype=np.int64)
+        if self.radix is None:
+            group, n, self.keys = _key_grouped(df, _FINE)
+        else:
+            group, self.codes, self.keys = _radix_grouped(df, self.radix)
+            n = len(self.codes)
         self.rows = np.bincount(group, minlength=n)
         self.sums: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
@@ -97,12 +103,12 @@ class _Partials:
             return _grouped(self.keys, keys)
         sizes = [len(values) for values in self.radix.digits]
         strides = np.cumprod([1, *sizes[:0:-1]])[::-1]  # of each key's digit in the code
-        code = np.zeros(len(self.radix.used), dtype=np.int64)
+        code = np.zeros(len(self.codes), dtype=np.int64)
         size = 1
         digits = []
         for key in keys:
             i = _FINE.index(key)
-            code = code * sizes[i] + (self.radix.used // strides[i]) % sizes[i]
+            code = code * sizes[i] + (self.codes // strides[i]) % sizes[i]
             size *= sizes[i]
             digits.append(self.radix.digits[i])
         group, used, key_values = _decoded(code, size, digits)
@@ -153,16 +159,15 @@ def _group_codes(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int]:
     return group, n
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Radix:
     """Every combination of some keys numbered as one mixed-radix integer: ``code`` per
-    row (a polars expression), each key's distinct values in digit order, the number of
-    codes, and (once grouped) the codes in use in ascending order."""
+    row (a polars expression), each key's distinct values in digit order, and the
+    number of codes."""
 
     code: pl.Expr
     digits: list[pl.Series]
     size: int
-    used: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 def _mixed_radix(df: pl.DataFrame, keys: list[str]) -> _Radix | None:
@@ -210,22 +215,29 @@ def _decoded(
     return group, used, pl.DataFrame(columns[::-1])
 
 
-def _grouped(
-    df: pl.DataFrame, keys: list[str], radix: _Radix | None = None
-) -> tuple[np.ndarray, int, pl.DataFrame]:
+def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
     """Group id per row, the number of groups, and each group's key values.
 
-    Fast path: one mixed-radix code per row computed by polars in a single pass, made
-    dense with one bincount, and the key values decoded from the codes in use (kept in
-    ``radix.used``). Else per-key codes (:func:`_group_codes`) and key values taken from
-    a row of each group.
+    Fast path: one mixed-radix code per row (:func:`_radix_grouped`). Else per-key
+    codes (:func:`_key_grouped`).
     """
-    if radix is None and df.height:
-        radix = _mixed_radix(df, keys)
-    if radix is not None:
-        codes = df.select(radix.code).to_series().to_numpy()
-        group, radix.used, key_values = _decoded(codes, radix.size, radix.digits)
-        return group, len(radix.used), key_values
+    radix = _mixed_radix(df, keys) if df.height else None
+    if radix is None:
+        return _key_grouped(df, keys)
+    group, codes, key_values = _radix_grouped(df, radix)
+    return group, len(codes), key_values
+
+
+def _radix_grouped(df: pl.DataFrame, radix: _Radix) -> tuple[np.ndarray, np.ndarray, pl.DataFrame]:
+    """Group id per row, the codes in use, and each group's key values: the code is
+    computed by polars in a single pass, made dense with one bincount, and decoded."""
+    codes = df.select(radix.code).to_series().to_numpy()
+    return _decoded(codes, radix.size, radix.digits)
+
+
+def _key_grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
+    """Group id per row from per-key codes (:func:`_group_codes`), the number of groups,
+    and key values taken from a row of each group."""
     group, n = _group_codes(df, keys)
     first = np.empty(n, dtype=np.int64)
     first[group] = np.arange(df.height)

@@ -62,6 +62,10 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if _is_string(f.type) or f.name in DICTIONARY_INTEGERS]
 
 
+#: Whether this pyarrow's writer takes a page row limit (see :func:`compact_options`).
+_TAKES_PAGE_ROWS: Final = "max_rows_per_page" in inspect.signature(pq.ParquetWriter).parameters
+
+
 def compact_options(schema: pa.Schema) -> dict[str, Any]:
     """Parquet options of a compacted (kept) file of ``schema``; page checksums and the
     row group size are set where the file is written. The page row limit is passed
@@ -74,9 +78,6 @@ def compact_options(schema: pa.Schema) -> dict[str, Any]:
     if _TAKES_PAGE_ROWS:
         options["max_rows_per_page"] = COMPACT_PAGE_ROWS
     return options
-
-
-_TAKES_PAGE_ROWS: Final = "max_rows_per_page" in inspect.signature(pq.ParquetWriter).parameters
 
 
 def _is_string(kind: pa.DataType) -> bool:
