@@ -94,8 +94,9 @@ def events_to_table(cls: type[Event], events: list[Event]) -> pa.Table:
         pa.array(list(map(_astuple, events[start : start + CONVERT_SLICE_EVENTS])), type=row)
         for start in range(0, len(events), CONVERT_SLICE_EVENTS)
     ]
-    rows = pa.Table.from_struct_array(pa.chunked_array(chunks, type=row))
-    return pa.Table.from_arrays([rows.column(name) for name in schema.names], schema=schema)
+    columns = pa.chunked_array(chunks, type=row).flatten()  # one per field, no copy
+    fields = dict(zip(cls.__struct_fields__, columns, strict=True))
+    return pa.Table.from_arrays([fields[name] for name in schema.names], schema=schema)
 
 
 @functools.cache
