@@ -310,6 +310,32 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return lo, hi
 
 
+def _rank_value(meta: pq.FileMetaData, rank: int) -> int | None:
+    """The ``rank`` of every row of the file, when its footer proves it: every row
+    group's statistics give one value and no nulls, or the file has no such column (a
+    scan fills in the directory's ``rank``). None otherwise (counts then read it)."""
+    names = meta.schema.names
+    if "rank" not in names or meta.num_row_groups == 0:
+        return rank
+    col = names.index("rank")
+    if meta.schema.column(col).physical_type not in _INT_PHYSICAL:
+        return None
+    value: int | None = None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if (
+            stats is None
+            or not stats.has_min_max
+            or not stats.has_null_count
+            or stats.null_count
+            or stats.min != stats.max
+            or (value is not None and int(stats.min) != value)
+        ):
+            return None
+        value = int(stats.min)
+    return value
+
+
 def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
     meta = pq.read_metadata(path)
     if event_type in _KNOWN_TYPES:
@@ -326,6 +352,7 @@ def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
         seq_min=lo,
         seq_max=hi,
         run_id=footer_run_id(meta),
+        rank_value=_rank_value(meta, rank),
     )
 
 

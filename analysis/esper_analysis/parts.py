@@ -31,6 +31,9 @@ class PartFile:
     seq_max: int | None
     #: The one ``run_id`` the footer statistics prove, or None (then read when checked).
     run_id: str | None = None
+    #: The ``rank`` every row has, as the footer proves it (statistics, or no such
+    #: column: then the directory's rank, as a scan fills it), or None if not provable.
+    rank_value: int | None = None
     #: A journal part's events (``path`` is then the journal directory, for messages).
     table: pa.Table | None = field(default=None, repr=False, compare=False)
 

@@ -10,10 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
+from _analysis_support import emit_run
+from conftest import Crashed, copy_run, rewrite_part
 from esper_analysis import counts as counts_module
 from esper_analysis import event_counts, load_run
 from esper_analysis import lifecycles as lc
+from esper_analysis import loader as loader_module
 from esper_analysis import rewards as rw
+from esper_analysis.loader import Run
 from esper_analysis.rewards import reward_breakdown
 
 
@@ -261,3 +266,70 @@ def test_histograms_of_constant_negative_sparse_empty_and_null_columns() -> None
         plain = series.drop_nulls().value_counts().sort("v")
         assert keys.tolist() == plain["v"].to_list()
         assert counts.tolist() == plain["count"].to_list()
+
+
+def _rank_counts_read(run: Run) -> dict[str, list[tuple[int, int]]]:
+    """Rows per rank of every type, read from the data (the plain way)."""
+    out = {}
+    for t in run.event_types:
+        frame = run.scan(t).group_by("rank").agg(n=pl.len()).sort("rank").collect()
+        out[t] = list(zip(frame["rank"].to_list(), frame["n"].to_list(), strict=True))
+    return out
+
+
+def _rank_counts_counted(run: Run) -> dict[str, list[tuple[int, int]]]:
+    table = event_counts(run).by_rank
+    return {
+        t: list(zip(part["rank"].to_list(), part["events"].to_list(), strict=True))
+        for (t,), part in table.partition_by("type", as_dict=True).items()
+    }
+
+
+def test_ranks_proven_by_footers_count_like_the_column(tmp_path: Path) -> None:
+    emit_run(tmp_path, "multi", rank=0)
+    emit_run(tmp_path, "multi", rank=2)
+    run = load_run(tmp_path / "multi")
+    # A closed run's compacted files carry statistics: no type's rank is read.
+    assert all(counts_module._footer_ranks(run, t) is not None for t in run.event_types)
+    assert _rank_counts_counted(run) == _rank_counts_read(run)
+    assert {part.rank_value for parts in run.files.values() for part in parts} == {0, 2}
+
+
+def test_ranks_are_read_where_footers_do_not_prove_them(
+    scripted_run: Path, crashed: Crashed, tmp_path: Path
+) -> None:
+    # No rank column: the directory's rank, as the scan fills it in.
+    dropped = copy_run(scripted_run, tmp_path / "dropped")
+    part = next((dropped / "events" / "type=env_step").rglob("*.parquet"))
+    rewrite_part(part, drop=["rank"])
+    run = load_run(dropped)
+    assert counts_module._footer_ranks(run, "env_step") is not None
+    assert _rank_counts_counted(run) == _rank_counts_read(run)
+    # No statistics: the column is read.
+    nostats = copy_run(scripted_run, tmp_path / "nostats")
+    part = next((nostats / "events" / "type=env_step").rglob("*.parquet"))
+    pq.write_table(pq.read_table(part), part, write_statistics=False)
+    run = load_run(nostats)
+    assert counts_module._footer_ranks(run, "env_step") is None
+    assert _rank_counts_counted(run) == _rank_counts_read(run)
+    # A crashed run: journalled events (in memory, nothing proven) and lz4 parts.
+    run = load_run(crashed.path)
+    assert any(counts_module._footer_ranks(run, t) is None for t in run.event_types)
+    assert _rank_counts_counted(run) == _rank_counts_read(run)
+
+
+def test_a_footer_rank_needs_one_value_and_no_nulls(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    cases = {
+        "one": (pa.array([3, 3, 3], pa.int64()), 3),
+        "two": (pa.array([3, 4, 3], pa.int64()), None),
+        "nulls": (pa.array([3, None, 3], pa.int64()), None),
+    }
+    for name, (ranks, expected) in cases.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"rank": ranks}), path, row_group_size=2)
+        assert loader_module._rank_value(pq.read_metadata(path), 7) == expected, name
+    path = tmp_path / "absent.parquet"
+    pq.write_table(pa.table({"seq": pa.array([1, 2], pa.int64())}), path)
+    assert loader_module._rank_value(pq.read_metadata(path), 7) == 7
