@@ -260,12 +260,17 @@ def test_rolled_up_groups_match_a_group_by_of_the_finest_keys() -> None:
 
 
 def test_histograms_of_constant_negative_sparse_empty_and_null_columns() -> None:
-    for values in ([3, 3, 3], [-2, 5, -2, 7], [0, 10**6, 10**6], [], [None, 4, None, 4, 1]):
-        series = pl.Series("v", values, dtype=pl.Int64)
-        keys, counts = counts_module._histogram(series)
-        plain = series.drop_nulls().value_counts().sort("v")
-        assert keys.tolist() == plain["v"].to_list()
-        assert counts.tolist() == plain["count"].to_list()
+    cases = ([3, 3, 3], [-2, 5, -2, 7], [0, 10**6, 10**6], [], [None, 4, None, 4, 1])
+    for values in cases:
+        one = pl.Series("v", values, dtype=pl.Int64)
+        # The same values in several chunks (as a scan returns them), an empty one too.
+        pieces = [one.slice(0, 1), one.slice(1, 0), one.slice(1, 2), one.slice(3)]
+        chunked = pl.concat(pieces, rechunk=False)
+        for series in (one, chunked):
+            keys, counts = counts_module._histogram(series)
+            plain = series.drop_nulls().value_counts().sort("v")
+            assert keys.tolist() == plain["v"].to_list()
+            assert counts.tolist() == plain["count"].to_list()
 
 
 def _rank_counts_read(run: Run) -> dict[str, list[tuple[int, int]]]:
