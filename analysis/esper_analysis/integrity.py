@@ -70,19 +70,29 @@ def verify_pages(path: Path) -> None:
         raise DamagedPagesError(first) from None
 
 
-def footer_run_id(meta: pq.FileMetaData) -> str | None:
-    """The file's single ``run_id`` from the footer statistics, or None if not provable."""
+def footer_values(meta: pq.FileMetaData, name: str) -> tuple[set[object], int | None] | None:
+    """Every row group's min and max of column ``name``, and its nulls summed (None if a
+    row group does not count them), from the footer statistics alone; None when the
+    file has no such column, no row group, or a row group without min and max."""
     names = meta.schema.names
-    if "run_id" not in names or meta.num_row_groups == 0:
+    if name not in names or meta.num_row_groups == 0:
         return None
-    col = names.index("run_id")
+    col = names.index(name)
     values: set[object] = set()
+    nulls: int | None = 0
     for group in range(meta.num_row_groups):
         stats = meta.row_group(group).column(col).statistics
         if stats is None or not stats.has_min_max:
             return None
         values.update((stats.min, stats.max))
-    only = values.pop() if len(values) == 1 else None
+        nulls = nulls + stats.null_count if nulls is not None and stats.has_null_count else None
+    return values, nulls
+
+
+def footer_run_id(meta: pq.FileMetaData) -> str | None:
+    """The file's single ``run_id`` from the footer statistics, or None if not provable."""
+    found = footer_values(meta, "run_id")
+    only = found[0].pop() if found is not None and len(found[0]) == 1 else None
     return only if isinstance(only, str) else None
 
 

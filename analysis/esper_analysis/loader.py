@@ -54,6 +54,7 @@ from esper_analysis.integrity import (
     check_columns,
     corrupt_data_errors,
     footer_run_id,
+    footer_values,
     verify_pages,
 )
 from esper_analysis.journal_files import JournalEvents, journal_parts_of, read_journals
@@ -314,26 +315,13 @@ def _rank_value(meta: pq.FileMetaData, rank: int) -> int | None:
     """The ``rank`` of every row of the file, when its footer proves it: every row
     group's statistics give one value and no nulls, or the file has no such column (a
     scan fills in the directory's ``rank``). None otherwise (counts then read it)."""
-    names = meta.schema.names
-    if "rank" not in names or meta.num_row_groups == 0:
+    if "rank" not in meta.schema.names or meta.num_row_groups == 0:
         return rank
-    col = names.index("rank")
-    if meta.schema.column(col).physical_type not in _INT_PHYSICAL:
+    found = footer_values(meta, "rank")
+    if found is None or found[1] != 0 or len(found[0]) != 1:
         return None
-    value: int | None = None
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(col).statistics
-        if (
-            stats is None
-            or not stats.has_min_max
-            or not stats.has_null_count
-            or stats.null_count
-            or stats.min != stats.max
-            or (value is not None and int(stats.min) != value)
-        ):
-            return None
-        value = int(stats.min)
-    return value
+    (only,) = found[0]
+    return only if isinstance(only, int) and not isinstance(only, bool) else None
 
 
 def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
