@@ -106,3 +106,36 @@ def rows_equal(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     if expected.keys() != actual.keys():
         return [f"keys: {sorted(expected.keys() ^ actual.keys())}"]
     return [k for k in expected if not same_value(expected[k], actual[k])]
+
+
+EDGE_VALUES = {
+    str: ["", "héllo ✓ 𝄞 日本", "\x00nul", "x" * 1000],
+    int: [0, INT_BOUND, -INT_BOUND, -1],
+    float: [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308],
+    bool: [True, False, True, False],
+}
+
+
+def edge_event(cls: type[Event], variant: int) -> Event:
+    """An unstamped event of ``cls`` whose fields take ``EDGE_VALUES`` (variants 0-5)."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    kwargs: dict[str, Any] = {}
+    for f in info.fields:
+        if f.name in ("run_id", "seq", "ts_ns", "rank"):
+            continue
+        if isinstance(f.type, mi.ListType):
+            item = _PY[type(f.type.item_type)]
+            kwargs[f.name] = EDGE_VALUES[item][: variant + 1] if variant < 3 else []
+        else:
+            values = EDGE_VALUES[_PY[type(f.type)]]
+            kwargs[f.name] = values[variant % len(values)]
+    return cls(**kwargs)
+
+
+_PY: dict[type[mi.Type], type] = {
+    mi.StrType: str,
+    mi.IntType: int,
+    mi.FloatType: float,
+    mi.BoolType: bool,
+}

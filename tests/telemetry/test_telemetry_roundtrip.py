@@ -6,14 +6,12 @@ import itertools
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import msgspec
-import msgspec.inspect as mi
 import pyarrow.parquet as pq
 from _telemetry_support import (
-    INT_BOUND,
     as_row,
+    edge_event,
     event_strategy,
     minimal_event,
     read_all,
@@ -93,41 +91,9 @@ def test_writer_stats_reports_what_was_written(tmp_path: Path) -> None:
     assert stats["dropped"] == 0 and stats["blocked_emits"] == 0
 
 
-EDGE_VALUES = {
-    str: ["", "héllo ✓ 𝄞 日本", "\x00nul", "x" * 1000],
-    int: [0, INT_BOUND, -INT_BOUND, -1],
-    float: [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308],
-    bool: [True, False, True, False],
-}
-
-
-def _edge_event(cls: type[Event], variant: int) -> Event:
-    info = mi.type_info(cls)
-    assert isinstance(info, mi.StructType)
-    kwargs: dict[str, Any] = {}
-    for f in info.fields:
-        if f.name in ("run_id", "seq", "ts_ns", "rank"):
-            continue
-        if isinstance(f.type, mi.ListType):
-            item = _PY[type(f.type.item_type)]
-            kwargs[f.name] = EDGE_VALUES[item][: variant + 1] if variant < 3 else []
-        else:
-            values = EDGE_VALUES[_PY[type(f.type)]]
-            kwargs[f.name] = values[variant % len(values)]
-    return cls(**kwargs)
-
-
-_PY: dict[type[mi.Type], type] = {
-    mi.StrType: str,
-    mi.IntType: int,
-    mi.FloatType: float,
-    mi.BoolType: bool,
-}
-
-
 def test_edge_values_round_trip_exactly(tmp_path: Path) -> None:
     """NaN, infinities, -0.0, subnormals, empty and non-ASCII strings, 2**62, empty lists."""
-    emitted = [_edge_event(cls, v) for v in range(6) for cls in EVENT_TYPES.values()]
+    emitted = [edge_event(cls, v) for v in range(6) for cls in EVENT_TYPES.values()]
     with open_run(tmp_path, "edge", level=TelemetryLevel.DEBUG) as hub:
         for event in emitted:
             hub.emit(event)
@@ -147,7 +113,7 @@ def test_conversion_spanning_several_slices_keeps_every_row_in_order() -> None:
     """A batch longer than one conversion slice: rows stay complete and in emit order."""
     cls = EVENT_TYPES["action_taken"]
     n = 2 * CONVERT_SLICE_EVENTS + 7
-    events = [_edge_event(cls, i % 6) for i in range(n)]
+    events = [edge_event(cls, i % 6) for i in range(n)]
     events = [msgspec.structs.replace(e, seq=i, step=i) for i, e in enumerate(events)]
     table = events_to_table(cls, events)
     assert table.num_rows == n and table.schema == event_schema(cls)

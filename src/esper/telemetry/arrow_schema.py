@@ -11,7 +11,8 @@ field; floats keep NaN and infinities as values (never nulls).
 from __future__ import annotations
 
 import functools
-from typing import Final
+import os
+from typing import Final, NamedTuple
 
 import msgspec
 import msgspec.inspect as mi
@@ -26,8 +27,22 @@ META_EVENT_TYPE: Final = b"esper.event_type"
 #: while Arrow converts their rows (1,024 measured best of 256-16,384 on the writer
 #: benchmark's mix, for this conversion and the column-wise one before it).
 CONVERT_SLICE_EVENTS: Final = 1024
+#: Events per native conversion: its cost per slice (an Arrow array per column) is paid
+#: once per this many events, and the buffers it fills stay a few MB.
+NATIVE_SLICE_EVENTS: Final = 16384
+#: Arrow string and list offsets are int32.
+_OFFSET_BYTES: Final = 4
 
 _astuple = msgspec.structs.astuple
+
+#: Set to 0 to convert with pyarrow only (the native converter is optional).
+NATIVE_ENV: Final = "ESPER_NATIVE_COLUMNS"
+
+try:  # built at install where a C compiler is present (setup.py)
+    from esper.telemetry import _columns as _built
+except ImportError:  # pragma: no cover - depends on the install
+    _built = None  # type: ignore[assignment]
+_native = None if os.environ.get(NATIVE_ENV, "1") == "0" else _built
 
 _SCALARS: Final[dict[type[mi.Type], pa.DataType]] = {
     mi.StrType: pa.string(),
@@ -74,29 +89,45 @@ def event_schema(cls: type[Event]) -> pa.Schema:
     return pa.schema(fields, metadata=metadata)
 
 
-def events_to_table(cls: type[Event], events: list[Event]) -> pa.Table:
+def events_to_table(cls: type[Event], events: list[Event], *, native: bool = True) -> pa.Table:
     """Columnar table of events that all have exactly type ``cls``.
 
-    Events are converted in slices of :data:`CONVERT_SLICE_EVENTS`: each event of a
-    slice is read once, in C (``msgspec.structs.astuple``), and Arrow converts the
-    slice's rows into one struct array in a single native pass, whose fields become the
-    columns (no copy). Transposing the rows in Python first (``zip``) and converting
-    each column on its own cost 1.27x the CPU of this on the writer benchmark's mix
-    (1.44 against 1.14 us per event, converted alone; the tables are byte-identical).
-    Gathering a column at a time straight from the events was slower still: it touches
-    every event (and its field values, scattered on the heap) once per column.
+    With the native converter (:mod:`esper.telemetry._columns`, built at install where a
+    C compiler is present; ``native=False`` or ``ESPER_NATIVE_COLUMNS=0`` leave it out)
+    each slice's field values go straight from the Structs' slots into Arrow buffers:
+    0.37 against 1.12 us per event on the writer benchmark's mix. A slice it declines (a
+    value outside the catalogue's shapes) and every slice without it go through
+    :func:`_arrow_slice`. The table is the same either way, bit for bit.
     """
     schema = event_schema(cls)
     if not events:
         return schema.empty_table()
-    row = _row_type(cls)
-    chunks = [
-        pa.array(list(map(_astuple, events[start : start + CONVERT_SLICE_EVENTS])), type=row)
-        for start in range(0, len(events), CONVERT_SLICE_EVENTS)
-    ]
-    columns = pa.chunked_array(chunks, type=row).flatten()  # one per field, no copy
-    fields = dict(zip(cls.__struct_fields__, columns, strict=True))
-    return pa.Table.from_arrays([fields[name] for name in schema.names], schema=schema)
+    plan = _native_plan(cls) if native and _native is not None else None
+    slice_events = NATIVE_SLICE_EVENTS if plan is not None else CONVERT_SLICE_EVENTS
+    chunks: list[list[pa.Array]] = [[] for _ in cls.__struct_fields__]
+    for start in range(0, len(events), slice_events):
+        stop = min(start + slice_events, len(events))
+        arrays = None if plan is None else _native_slice(cls, events, start, stop, plan)
+        if arrays is None:
+            arrays = _arrow_slice(cls, events[start:stop])
+        for column, array in zip(chunks, arrays, strict=True):
+            column.append(array)
+    fields = dict(zip(cls.__struct_fields__, chunks, strict=True))
+    return pa.Table.from_arrays(
+        [pa.chunked_array(fields[f.name], type=f.type) for f in schema], schema=schema
+    )
+
+
+def _arrow_slice(cls: type[Event], events: list[Event]) -> list[pa.Array]:
+    """One slice's columns (``cls.__struct_fields__`` order) by pyarrow's converter.
+
+    Each event is read once, in C (``msgspec.structs.astuple``), and Arrow converts the
+    rows into one struct array in a single pass, whose fields are the columns (no copy).
+    Transposing the rows in Python (``zip``) and converting column by column cost 1.27x
+    this (1.44 against 1.14 us per event on the writer benchmark's mix).
+    """
+    rows = pa.array(list(map(_astuple, events)), type=_row_type(cls))
+    return rows.flatten()  # type: ignore[no-any-return]
 
 
 @functools.cache
@@ -104,6 +135,71 @@ def _row_type(cls: type[Event]) -> pa.StructType:
     """One event as an Arrow struct: the schema's fields in ``astuple(event)`` order."""
     schema = event_schema(cls)
     return pa.struct([schema.field(name) for name in cls.__struct_fields__])
+
+
+class _NativePlan(NamedTuple):
+    descriptors: tuple[object, ...]  # the fields' member descriptors (slot offsets)
+    kinds: bytes  # one _KINDS code per field
+    types: tuple[pa.DataType, ...]
+
+
+#: Native converter codes (``_columns.c``) of scalars, and of lists of them.
+_KINDS: Final[dict[pa.DataType, str]] = {
+    pa.int64(): "q",
+    pa.float64(): "d",
+    pa.bool_(): "?",
+    pa.string(): "s",
+}
+_LIST_KINDS: Final[dict[pa.DataType, str]] = {
+    pa.int64(): "Q",
+    pa.float64(): "D",
+    pa.bool_(): "B",
+    pa.string(): "S",
+}
+
+
+@functools.cache
+def _native_plan(cls: type[Event]) -> _NativePlan:
+    """What the native converter needs to know about ``cls``, computed once."""
+    schema = event_schema(cls)
+    types = tuple(schema.field(name).type for name in cls.__struct_fields__)
+    kinds = "".join(_LIST_KINDS[t.value_type] if pa.types.is_list(t) else _KINDS[t] for t in types)
+    descriptors = tuple(_slot_descriptor(cls, name) for name in cls.__struct_fields__)
+    return _NativePlan(descriptors, kinds.encode("ascii"), types)
+
+
+def _slot_descriptor(cls: type, name: str) -> object:
+    """The member descriptor of field ``name`` (the class attribute, not a default)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    raise AttributeError(f"{cls.__name__} has no slot for field {name!r}")
+
+
+def _native_slice(
+    cls: type[Event], events: list[Event], start: int, stop: int, plan: _NativePlan
+) -> list[pa.Array] | None:
+    """``events[start:stop]``'s columns from the native buffers; None if it declines."""
+    assert _native is not None
+    buffers = _native.convert(cls, events, plan.descriptors, plan.kinds, start, stop)
+    if buffers is None:
+        return None
+    n = stop - start
+    return [_array(t, n, b) for t, b in zip(plan.types, buffers, strict=True)]
+
+
+def _array(dtype: pa.DataType, n: int, buffers: bytes | tuple[bytes, ...]) -> pa.Array:
+    """An Arrow array over the native converter's buffers (no copy, no nulls)."""
+    if isinstance(buffers, bytes):  # int64, float64, bool: the values
+        return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(buffers)])
+    if not pa.types.is_list(dtype):  # string: offsets, data
+        return pa.Array.from_buffers(dtype, n, [None, *map(pa.py_buffer, buffers)])
+    offsets, *item_buffers = buffers
+    items = int.from_bytes(offsets[-_OFFSET_BYTES:], "little", signed=True)
+    child = _array(
+        dtype.value_type, items, item_buffers[0] if len(item_buffers) == 1 else tuple(item_buffers)
+    )
+    return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(offsets)], children=[child])
 
 
 def schema_description(cls: type[Event]) -> list[dict[str, object]]:
