@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import math
 import os
@@ -77,7 +78,16 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
         "load_average": load,
         "loaded": bool(load) and load[0] > LOADED_MACHINE,
         "gpu": gpu_info(),
+        "native_columns": native_columns(),
     }
+
+
+def native_columns() -> bool:
+    """Whether the telemetry writer converts with its optional C module (README,
+    "Conversion"): built at install, and not turned off by ``ESPER_NATIVE_COLUMNS=0``."""
+    if os.environ.get("ESPER_NATIVE_COLUMNS", "1") == "0":
+        return False
+    return importlib.util.find_spec("esper.telemetry._columns") is not None
 
 
 #: ``nvidia-smi`` gets this long to answer (it can hang on a broken driver).
@@ -169,7 +179,8 @@ def print_machine(info: dict[str, Any]) -> None:
     gpu = f", GPU {gpus[0]['name']}" + (f" x{len(gpus)}" if len(gpus) > 1 else "") if gpus else ""
     print(
         f"machine: {info['cpu_model']}, {info['cores']} cores{gpu}, torch "
-        f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}{note}",
+        f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}, "
+        f"native columns {'on' if info.get('native_columns') else 'off'}{note}",
         flush=True,
     )
 
