@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import math
 import os
@@ -78,16 +77,18 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
         "load_average": load,
         "loaded": bool(load) and load[0] > LOADED_MACHINE,
         "gpu": gpu_info(),
-        "native_columns": native_columns(),
+        "native": native_modules(),
     }
 
 
-def native_columns() -> bool:
-    """Whether the telemetry writer converts with its optional C module (README,
-    "Conversion"): built at install, and not turned off by ``ESPER_NATIVE_COLUMNS=0``."""
-    if os.environ.get("ESPER_NATIVE_COLUMNS", "1") == "0":
-        return False
-    return importlib.util.find_spec("esper.telemetry._columns") is not None
+def native_modules() -> dict[str, bool]:
+    """Which optional C accelerators are in use (README, "Conversion"), or {} where the
+    package is not importable."""
+    try:
+        from esper.core.native import native_status
+    except ImportError:
+        return {}
+    return native_status()
 
 
 #: ``nvidia-smi`` gets this long to answer (it can hang on a broken driver).
@@ -180,8 +181,19 @@ def print_machine(info: dict[str, Any]) -> None:
     print(
         f"machine: {info['cpu_model']}, {info['cores']} cores{gpu}, torch "
         f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}, "
-        f"native columns {'on' if info.get('native_columns') else 'off'}{note}",
+        f"native {_on_off(info.get('native') or {})}{note}",
         flush=True,
+    )
+
+
+def _on_off(status: dict[str, bool]) -> str:
+    """``columns on``: each accelerator by the last part of its name."""
+    return (
+        ", ".join(
+            f"{n.rsplit('.', 1)[-1].lstrip('_')} {'on' if on else 'off'}"
+            for n, on in status.items()
+        )
+        or "unknown"
     )
 
 

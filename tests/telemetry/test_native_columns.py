@@ -9,6 +9,7 @@ shapes back to pyarrow (same table, or same error, as without it).
 from __future__ import annotations
 
 import enum
+import importlib.util
 import itertools
 import math
 import os
@@ -23,6 +24,7 @@ from _telemetry_support import edge_event, event_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from esper.core.native import MODULES, NATIVE_ENV, load_native, native_status
 from esper.telemetry import arrow_schema
 from esper.telemetry.arrow_schema import NATIVE_SLICE_EVENTS, events_to_table
 from esper.telemetry.events import EVENT_TYPES, Event
@@ -198,3 +200,14 @@ def test_repeated_conversions_do_not_grow_memory() -> None:
     finally:
         tracemalloc.stop()
     assert grown - baseline < one_call  # a leak would keep ~50 calls' buffers
+
+
+def test_esper_native_0_turns_the_accelerators_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NATIVE_ENV, "0")
+    assert load_native("esper.telemetry._columns") is None
+    assert native_status() == dict.fromkeys(MODULES, False)
+    monkeypatch.setenv(NATIVE_ENV, "1")
+    assert load_native("esper.telemetry.no_such_module") is None  # not built: None
+    built = importlib.util.find_spec("esper.telemetry._columns") is not None
+    assert native_status()["esper.telemetry._columns"] is built
+    assert (load_native("esper.telemetry._columns") is not None) is built
