@@ -190,7 +190,12 @@ def file_layout() -> str:
     from esper.telemetry import sink
 
     options = sink.compact_options(pa.schema([]))
-    facts = (sorted(options.items()), sink.DICTIONARY_INTEGERS, sink.COMPACT_ROW_GROUP_ROWS)
+    facts = (
+        sorted(options.items()),
+        sink.DICTIONARY_INTEGERS,
+        sink.COMPACT_ROW_GROUP_ROWS,
+        sink.DELTA_COLUMNS,
+    )
     return hashlib.sha256(repr(facts).encode()).hexdigest()[:8]
 
 
