@@ -82,12 +82,9 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
 
 
 def native_modules() -> dict[str, bool]:
-    """Which optional C accelerators are in use (README, "Conversion"), or {} where the
-    package is not importable."""
-    try:
-        from esper.core.native import native_status
-    except ImportError:
-        return {}
+    """Which optional C accelerators are in use (README, "Conversion")."""
+    from esper.core.native import native_status
+
     return native_status()
 
 

@@ -159,18 +159,21 @@ put_str(Buf *offsets, Buf *data, PyObject *v)
     return put_offset(offsets, data->len) < 0 ? ERROR : OK;
 }
 
+/* One scalar of ``kind``: numbers and booleans into ``values``; a string's end offset
+ * into ``values`` and its bytes into ``data``. A column's own values use its buffers a
+ * and b; a list column's items use b and c (a holds the list offsets). */
 static int
-put_item(Column *col, char item_kind, PyObject *v)
+put_scalar(char kind, Buf *values, Buf *data, Py_ssize_t *bits, PyObject *v)
 {
-    switch (item_kind) {
+    switch (kind) {
     case K_INT:
-        return put_int(&col->b, v);
+        return put_int(values, v);
     case K_FLOAT:
-        return put_float(&col->b, v);
+        return put_float(values, v);
     case K_BOOL:
-        return put_bool(&col->b, &col->bits, v);
+        return put_bool(values, bits, v);
     default:
-        return put_str(&col->b, &col->c, v);
+        return put_str(values, data, v);
     }
 }
 
@@ -212,7 +215,7 @@ put_list(Column *col, PyObject *v)
     char item_kind = item_kind_of(col->kind);
     Py_ssize_t n = PyList_GET_SIZE(v);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int status = put_item(col, item_kind, PyList_GET_ITEM(v, i));
+        int status = put_scalar(item_kind, &col->b, &col->c, &col->bits, PyList_GET_ITEM(v, i));
         if (status != OK) {
             return status;
         }
@@ -225,20 +228,19 @@ put_list(Column *col, PyObject *v)
 }
 
 static int
+is_list_kind(char kind)
+{
+    return kind == K_LIST_INT || kind == K_LIST_FLOAT || kind == K_LIST_BOOL
+           || kind == K_LIST_STR;
+}
+
+static int
 put_value(Column *col, PyObject *v)
 {
-    switch (col->kind) {
-    case K_INT:
-        return put_int(&col->a, v);
-    case K_FLOAT:
-        return put_float(&col->a, v);
-    case K_BOOL:
-        return put_bool(&col->a, &col->bits, v);
-    case K_STR:
-        return put_str(&col->a, &col->b, v);
-    default:
+    if (is_list_kind(col->kind)) {
         return put_list(col, v);
     }
+    return put_scalar(col->kind, &col->a, &col->b, &col->bits, v);
 }
 
 /* Offset buffers start with a 0 entry (Arrow's offsets have length + 1 entries). */
@@ -269,32 +271,35 @@ buf_bytes(const Buf *buf)
     return PyBytes_FromStringAndSize(buf->data ? buf->data : "", buf->len);
 }
 
-/* int/float/bool: bytes; str and lists of int/float/bool: (offsets, values);
- * list of str: (list offsets, string offsets, string data). */
+/* A tuple of two new references, which it takes over (NULL if either is NULL). */
+static PyObject *
+pair(PyObject *first, PyObject *second)
+{
+    PyObject *out = (first && second) ? PyTuple_Pack(2, first, second) : NULL;
+    Py_XDECREF(first);
+    Py_XDECREF(second);
+    return out;
+}
+
+/* int/float/bool: the values' bytes; str: (offsets, data). */
+static PyObject *
+scalars_to_python(char kind, const Buf *values, const Buf *data)
+{
+    if (kind == K_STR) {
+        return pair(buf_bytes(values), buf_bytes(data));
+    }
+    return buf_bytes(values);
+}
+
+/* A scalar column as above; a list column: (list offsets, its items as above). */
 static PyObject *
 column_to_python(const Column *col)
 {
-    switch (col->kind) {
-    case K_INT:
-    case K_FLOAT:
-    case K_BOOL:
-        return buf_bytes(&col->a);
-    case K_LIST_STR: {
-        PyObject *a = buf_bytes(&col->a), *b = buf_bytes(&col->b), *c = buf_bytes(&col->c);
-        PyObject *out = (a && b && c) ? PyTuple_Pack(3, a, b, c) : NULL;
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        Py_XDECREF(c);
-        return out;
+    if (is_list_kind(col->kind)) {
+        PyObject *items = scalars_to_python(item_kind_of(col->kind), &col->b, &col->c);
+        return pair(buf_bytes(&col->a), items);
     }
-    default: {
-        PyObject *a = buf_bytes(&col->a), *b = buf_bytes(&col->b);
-        PyObject *out = (a && b) ? PyTuple_Pack(2, a, b) : NULL;
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        return out;
-    }
-    }
+    return scalars_to_python(col->kind, &col->a, &col->b);
 }
 
 static void
@@ -312,8 +317,7 @@ static int
 is_known_kind(char kind)
 {
     return kind == K_INT || kind == K_FLOAT || kind == K_BOOL || kind == K_STR
-           || kind == K_LIST_INT || kind == K_LIST_FLOAT || kind == K_LIST_BOOL
-           || kind == K_LIST_STR;
+           || is_list_kind(kind);
 }
 
 /* Columns set up from the field descriptors and kinds; NULL with an error set. */

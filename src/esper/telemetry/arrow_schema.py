@@ -11,7 +11,7 @@ field; floats keep NaN and infinities as values (never nulls).
 from __future__ import annotations
 
 import functools
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import msgspec.inspect as mi
@@ -183,17 +183,16 @@ def _native_slice(
     return [_array(t, n, b) for t, b in zip(plan.types, buffers, strict=True)]
 
 
-def _array(dtype: pa.DataType, n: int, buffers: bytes | tuple[bytes, ...]) -> pa.Array:
-    """An Arrow array over the native converter's buffers (no copy, no nulls)."""
-    if isinstance(buffers, bytes):  # int64, float64, bool: the values
+def _array(dtype: pa.DataType, n: int, buffers: bytes | tuple[Any, Any]) -> pa.Array:
+    """An Arrow array over the native converter's buffers (no copy, no nulls): the values
+    (int64, float64, bool), (offsets, data) for strings, (offsets, items) for lists."""
+    if isinstance(buffers, bytes):
         return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(buffers)])
-    if not pa.types.is_list(dtype):  # string: offsets, data
-        return pa.Array.from_buffers(dtype, n, [None, *map(pa.py_buffer, buffers)])
-    offsets, *item_buffers = buffers
+    offsets, rest = buffers
+    if not pa.types.is_list(dtype):
+        return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(offsets), pa.py_buffer(rest)])
     items = int.from_bytes(offsets[-_OFFSET_BYTES:], "little", signed=True)
-    child = _array(
-        dtype.value_type, items, item_buffers[0] if len(item_buffers) == 1 else tuple(item_buffers)
-    )
+    child = _array(dtype.value_type, items, rest)
     return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(offsets)], children=[child])
 
 
