@@ -231,7 +231,8 @@ def test_compacted_files_use_dictionaries_only_on_strings_and_envelope_integers(
     tmp_path: Path,
 ) -> None:
     """Strings and the envelope's few-valued integers are dictionary-encoded; other
-    numbers (seq, timestamps, payload values) stay plain, where a dictionary costs."""
+    numbers get no dictionary, where one costs (seq and timestamps are delta-encoded,
+    payload values plain)."""
     rows = 3_000
     table = pa.table(
         {
