@@ -179,13 +179,3 @@ def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> 
             assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
         assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
         assert 0.0 <= r["structure_batched_share"] <= 1.0
-
-
-def test_writer_part_formats_keep_every_event(tmp_path: Path) -> None:
-    data = run_script("writer_parts", tmp_path)
-    results = data["results"]
-    assert set(results) == {"parquet", "parquet-held", "ipc", "no-parts"}
-    for variant in results.values():
-        assert positive(variant["events_per_s"]) and positive(variant["writer_cpu_us_per_event"])
-        # the closed run holds the burst plus the writer's own writer_stats event
-        assert variant["rows_in_closed_run"] == [data["events"] + 1]

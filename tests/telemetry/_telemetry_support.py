@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,17 @@ import msgspec.inspect as mi
 import polars as pl
 from hypothesis import strategies as st
 
+from esper.telemetry import events as ev
 from esper.telemetry.compaction import live_parts
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
 from esper.telemetry.journal import journal_parts, journal_ranks, read_journal, unconverted
 from esper.telemetry.manifest import read_manifests
 
 INT_BOUND = 2**62
+#: Periodic flushes this fast let a test see several journal parts within a second.
+FAST_FLUSH_S = 0.05
+#: How long :func:`wait_for` waits for the writer thread before failing the test.
+WAIT_S = 10.0
 STAMPED = frozenset({"run_id", "seq", "ts_ns", "rank"})
 
 _SCALAR_STRATEGIES: dict[type[mi.Type], st.SearchStrategy[Any]] = {
@@ -139,3 +146,20 @@ _PY: dict[type[mi.Type], type] = {
     mi.FloatType: float,
     mi.BoolType: bool,
 }
+
+
+def mixed_step(i: int) -> list[Event]:
+    """Three events of step ``i``, of three types, as a training step emits them."""
+    return [
+        minimal_event(ev.EnvStep, step=i),
+        minimal_event(ev.ActionTaken, step=i),
+        minimal_event(ev.RewardComputed, step=i),
+    ]
+
+
+def wait_for(predicate: Callable[[], object], what: str) -> None:
+    """Poll ``predicate`` (the writer works in its own thread) until true, or fail."""
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

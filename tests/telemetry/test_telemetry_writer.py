@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,16 +37,23 @@ class SlowSink(ParquetSink):
 
 
 class DiskFullSink(ParquetSink):
-    """Fails with ENOSPC after ``ok_writes`` successful part writes."""
+    """Fails with ENOSPC after ``ok_writes`` successful file writes (parts or merged)."""
 
     def __init__(self, ok_writes: int) -> None:
         self.ok_writes = ok_writes
 
-    def write_table(self, table: pa.Table, path: Path) -> int:
+    def _use_one(self, path: Path) -> None:
         if self.ok_writes <= 0:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         self.ok_writes -= 1
+
+    def write_table(self, table: pa.Table, path: Path) -> int:
+        self._use_one(path)
         return super().write_table(table, path)
+
+    def write_tables(self, tables: Iterable[pa.Table], schema: pa.Schema, path: Path) -> int:
+        self._use_one(path)
+        return super().write_tables(tables, schema, path)
 
 
 class CrashBeforeDeleteSink(ParquetSink):

@@ -17,6 +17,7 @@ checksums verified, so a damaged part is never merged into a fresh, valid-lookin
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +40,9 @@ from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, PartSink
 SaveManifest = Callable[[Manifest], None]
 
 
-def _batched(paths: Iterable[Path], schema: pa.Schema) -> Iterator[pa.Table]:
-    """Read small part files and regroup them into row-group-sized tables."""
-    return _regrouped(
-        pq.read_table(path, schema=schema, page_checksum_verification=True) for path in paths
-    )
+def _read(paths: Iterable[Path], schema: pa.Schema) -> Iterator[pa.Table]:
+    """Small part files read one by one, their page checksums verified."""
+    return (pq.read_table(path, schema=schema, page_checksum_verification=True) for path in paths)
 
 
 def _regrouped(tables: Iterable[pa.Table]) -> Iterator[pa.Table]:
@@ -83,14 +82,17 @@ def rewrite_many(
     save: SaveManifest,
     rewrites: list[Rewrite],
     touching: Callable[[Path], None] = lambda _path: None,
+    landed: Callable[[Rewrite], None] = lambda _rewrite: None,
 ) -> list[int]:
     """Run several rewrites under one intent record save and one clearing save.
 
     Each record stands alone (its output exists or it does not), so recording them
     together is as safe as one by one, for two manifest writes instead of two each
     (a manifest write cost about as much as a small merge). ``touching`` is told each
-    file before it is written or removed (so an error can name it). Returns the output
-    sizes.
+    file before it is written or removed (so an error can name it); ``landed`` each
+    rewrite whose output is in place (so a caller can count rows no input held, output
+    by output, and a failure half-way leaves counts that match the files). Returns the
+    output sizes.
     """
     records = [
         Compaction(
@@ -106,6 +108,7 @@ def rewrite_many(
     for r in rewrites:
         touching(r.output)
         sizes.append(0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output))
+        landed(r)
     for r in rewrites:
         for path in r.inputs:
             touching(path)
@@ -123,16 +126,20 @@ def merge(
     output: Path,
     schema: pa.Schema,
     contents: list[pa.Table] | None = None,
+    tail: list[pa.Table] | None = None,
 ) -> Rewrite:
-    """The rewrite that merges ``inputs`` (in order) into ``output``.
+    """The rewrite that merges ``inputs`` (in order), then ``tail``, into ``output``.
 
     ``contents``: the inputs' tables, one per input, when the caller still holds what it
     wrote (the writer does, for its recent parts): the merge then reads no file.
+    ``tail``: newer rows that are in no file yet (the writer's held burst), appended.
     """
     if contents is not None and len(contents) != len(inputs):
         raise ValueError(f"{len(contents)} tables given for {len(inputs)} parts")
-    tables = _batched(inputs, schema) if contents is None else _regrouped(contents)
-    return Rewrite(event_type, inputs, output, tables, schema)
+    tables = _read(inputs, schema) if contents is None else iter(contents)
+    if tail:
+        tables = itertools.chain(tables, tail)
+    return Rewrite(event_type, inputs, output, _regrouped(tables), schema)
 
 
 def compact_parts(

@@ -321,6 +321,8 @@ class CheckpointLoaded(Event, tag="checkpoint_loaded", frozen=True, gc=False, kw
 
 
 class WriterStats(Event, tag="writer_stats", frozen=True, gc=False, kw_only=True):
+    """Writer counters as the close began; the close's merged files count in the manifest."""
+
     events_written: int
     bytes_written: int
     flushes: int

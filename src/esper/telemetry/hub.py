@@ -313,7 +313,9 @@ class TelemetryHub(StampingHub):
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
-            writer.flush(typed=False)  # the final drain converts everything once
+            # Drained, not written: the close merges what is left straight into the
+            # final files (stop, then finalize), so it is encoded once.
+            writer.flush(typed=False, durable=False)
             self._emit_writer_stats()
         except TelemetryWriteError as exc:
             failure = exc

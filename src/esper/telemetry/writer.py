@@ -12,15 +12,26 @@ interval: every earlier event is in a closed file.
 Typed parts. The writer keeps the journalled events and converts them, many flushes at
 once, into one typed part per event type (``events/type=<t>/rank=<r>/part-<n>.parquet``),
 then deletes the journal parts they cover: when :data:`CONVERT_PARTS` journal parts or
-:data:`CONVERT_EVENTS` events are pending, on an explicit :meth:`EventWriter.flush` that
-asks for typed parts (the default; the trainer's checkpoint flush asks only for
-durability) and on close. A batch of at
-least :data:`DIRECT_EVENTS` events (a burst) skips the journal and is converted at once.
+:data:`CONVERT_EVENTS` events are pending, and on an explicit :meth:`EventWriter.flush`
+that asks for typed parts (the default; the trainer's checkpoint flush asks only for
+durability).
+
+Bursts and the close. A batch of at least :data:`DIRECT_EVENTS` events (a burst) skips
+the journal: it is converted to tables at once and *held*, with every later batch, until
+the hold comes due (the oldest held event has waited half a wake period, or the tables
+pin :data:`HOLD_BYTES`) or a flush asks; then everything pending is written as one typed
+part per type, so a held event is durable within the flush interval like a journalled
+one. On close nothing more is written as a part: what is pending or held goes straight
+into the final merge (one zstd file per type, with the parts since the last rolling
+merge), so a burst is Parquet-encoded once, and journal parts are deleted only after the
+merged files that hold their events are in place. A ``kill -9`` during the close can
+therefore lose only what was held (the events of the last flush interval).
+
 Too many small typed parts are merged as the run goes (every
-:data:`ROLLING_COMPACT_PARTS` parts) and everything is merged into one file per type on
-close, from the tables the writer still holds (:data:`FRESH_CACHE_BYTES`) rather than
-files read back; merges follow the intent-first protocol of
-:mod:`esper.telemetry.compaction`, so no event is ever lost or duplicated by a merge.
+:data:`ROLLING_COMPACT_PARTS` parts), from the tables the writer still holds
+(:data:`FRESH_CACHE_BYTES`) rather than files read back; merges follow the intent-first
+protocol of :mod:`esper.telemetry.compaction`, so no event is ever lost or duplicated by
+a merge.
 
 Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
 producer blocks until the writer has drained it (lossless by default); blocked time and
@@ -40,6 +51,7 @@ import operator
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
@@ -63,9 +75,28 @@ WAKES_PER_INTERVAL: Final = 2
 #: part costs about 1 ms of CPU whatever its size, a journal part about 0.5 ms per flush.
 CONVERT_PARTS: Final = 64
 CONVERT_EVENTS: Final = 16_384
-#: A batch this large is converted to typed parts at once: the per-part cost is then
-#: small against its events, and journalling it would only add its encoding.
+#: A batch this large (a burst) is converted to tables at once instead of journalled:
+#: the per-part cost is then small against its events, and a journal would only add an
+#: encoding. The tables are kept unwritten until the hold is due (below) or the close
+#: merges them: a burst is then Parquet-encoded once (the close's zstd file), not twice
+#: (an lz4 part, then the merge): 0.9-1.1 instead of 1.2-1.6 us of writer CPU per event
+#: (benchmarks/README.md, "Held bursts").
 DIRECT_EVENTS: Final = 4_096
+#: Unwritten tables are written once the oldest has waited this fraction of a wake
+#: period (so such an event is durable within the flush interval, like a journalled
+#: one) ...
+HOLD_FRACTION: Final = 0.5
+#: ... or once they pin this many bytes (converted tables: 20-60 bytes per event).
+HOLD_BYTES: Final = 32 * 1024 * 1024
+#: A type with this many events to write goes straight into a compacted (zstd) file,
+#: merged with its fresh parts, instead of an lz4 part merged again later: the events of
+#: a burst that outlasts a hold are then encoded once too ...
+FINAL_ROWS: Final = 16_384
+#: ... for at most this many such files per type in a session: they are kept as they
+#: are (never merged again), so the cap bounds what they add to a run's file count
+#: (one per type and hold otherwise); past it, a sustained burst is written as lz4 parts
+#: and merged every :data:`ROLLING_COMPACT_PARTS`, as small batches are.
+MAX_FINAL_FILES: Final = 8
 #: Merge a type's fresh part files once this many have accumulated during a run.
 ROLLING_COMPACT_PARTS: Final = 128
 #: Bytes of Arrow tables the writer keeps of its parts since their type's last merge, so
@@ -129,8 +160,9 @@ class EventWriter:
         self._flushed = threading.Condition(self.lock)
         self._flush_requested = 0
         self._flush_done = 0
-        #: The latest flush generation that asked for typed parts.
+        #: The latest flush generation that asked for typed parts, and for durability.
         self._typed_requested = 0
+        self._durable_requested = 0
         self._stopping = False
         self._io_path: Path = manifest_path(run_dir, self.rank)
         self._next_part: dict[str, int] = {}
@@ -142,6 +174,16 @@ class EventWriter:
         #: Journalled events not yet in typed parts, and the journal parts holding them.
         self._pending: list[Event] = []
         self._journals: list[Path] = []
+        #: Converted events not yet in closed files (a burst's hold), per type in ``seq``
+        #: order; how many rows of each are not counted yet; their bytes; the last
+        #: ``seq`` among them; and when the hold began (None: nothing held).
+        self._unwritten: dict[str, list[pa.Table]] = {}
+        self._uncounted: dict[str, int] = {}
+        self._unwritten_bytes = 0
+        self._unwritten_last_seq = -1
+        self._hold_since: float | None = None
+        #: Compacted files written straight from a hold, per type (see MAX_FINAL_FILES).
+        self._final_files: Counter[str] = Counter()
         self._journal_dir = journal_rank_dir(run_dir, self.rank)
         existing = list_parts(self._journal_dir)
         self._next_journal = existing[-1][0] + 1 if existing else 0
@@ -168,9 +210,11 @@ class EventWriter:
         if self.error is not None:
             raise self.error
 
-    def flush(self, *, typed: bool = True) -> None:
+    def flush(self, *, typed: bool = True, durable: bool = True) -> None:
         """Return once every event buffered before the call is in a closed file: a typed
         part, or with ``typed=False`` possibly a journal part (see the module docstring).
+        With ``durable=False`` (the close's drain, which the close's merge makes durable)
+        once the writer has taken them: a held burst stays unwritten.
         """
         with self.lock:
             self.raise_if_failed()
@@ -180,6 +224,8 @@ class EventWriter:
             target = self._flush_requested
             if typed:
                 self._typed_requested = target
+            if durable:
+                self._durable_requested = target
             self._wake.notify()
             while self._flush_done < target and self.error is None:
                 if not self._thread.is_alive():
@@ -248,6 +294,8 @@ class EventWriter:
                 batch = self.buffer.copy()
                 self.buffer.clear()
                 generation = self._flush_requested
+                draining = generation > self._flush_done  # a flush or the close's drain
+                durable = self._durable_requested > self._flush_done
                 typed = self._typed_requested > self._flush_done
                 stopping = self._stopping
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
@@ -255,7 +303,8 @@ class EventWriter:
             deadline = time.monotonic() + self._period_s
             cpu_start = time.thread_time_ns()
             try:
-                self._write_batch(batch, convert=typed or stopping)
+                closing = stopping or (draining and not durable)
+                self._write_batch(batch, typed=typed, durable=durable, closing=closing)
                 self._rolling_compaction()
                 self.save_manifest()
                 # The manifest just saved lags by its own write; the next one has it.
@@ -269,19 +318,30 @@ class EventWriter:
             if stopping:
                 return
 
-    def _write_batch(self, batch: list[Event], *, convert: bool) -> None:
-        """Make ``batch`` durable: a journal part, or typed parts at once when a conversion
-        is due anyway (``convert``, or a burst of :data:`DIRECT_EVENTS`).
+    def _write_batch(
+        self, batch: list[Event], *, typed: bool, durable: bool, closing: bool
+    ) -> None:
+        """Make ``batch`` durable: a journal part, or typed parts of everything pending
+        when a conversion is due (``typed``, or a threshold). A burst (a batch of
+        :data:`DIRECT_EVENTS`) starts a hold: it and every later batch are converted to
+        tables at once but written only when the hold is due (:meth:`_hold_due`) or a
+        flush asks, as one part per type. On close (``closing``) nothing is converted or
+        written as a part: a small batch is journalled, a burst held, and everything
+        pending goes straight into the final merge, so a burst is Parquet-encoded once.
 
         The manifest counts an event once it is in a closed file: a journalled batch at
         once, a converted one type by type as its parts land (so a failure half-way
-        leaves counts that match the files).
+        leaves counts that match the files); ``last_seq`` only covers closed files.
         """
-        due = convert or len(batch) >= DIRECT_EVENTS or self._conversion_due(len(batch))
-        self._pending.extend(batch)
-        if due:
+        if self._hold_since is not None or len(batch) >= DIRECT_EVENTS:
+            self._hold(batch)
+            if not closing and (typed or durable or self._hold_due()):
+                self._convert()
+        elif not closing and (typed or self._conversion_due(len(batch))):
+            self._pending.extend(batch)
             self._convert()
-        elif batch:
+        elif batch:  # journalled (also on close: durable if the close's merge fails)
+            self._pending.extend(batch)
             path = self._journal_dir / part_name(self._next_journal)
             self._io_path = path
             self.counters.bytes_written += self.sink.write_table(journal_table(batch), path)
@@ -289,10 +349,10 @@ class EventWriter:
             self._journals.append(path)
             for tag, n in _type_counts(batch).items():
                 self._count(tag, n)
+            self.manifest.last_seq = batch[-1].seq
         if batch:
             self.counters.events_written += len(batch)
             self.counters.flushes += 1
-            self.manifest.last_seq = batch[-1].seq
 
     def _count(self, tag: str, n: int) -> None:
         self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + n
@@ -304,27 +364,84 @@ class EventWriter:
             or len(self._pending) + batch_events >= CONVERT_EVENTS
         )
 
-    def _convert(self) -> None:
-        """Write the pending events as one typed part per type, then drop their journal.
+    def _hold(self, batch: list[Event]) -> None:
+        """Convert the pending (journalled) events and ``batch`` into unwritten tables, one
+        list per type in ``seq`` order, with the rows of each not yet counted."""
+        counted = self.manifest.last_seq  # journalled events are counted already
+        for events in (self._pending, batch):
+            for tag, found in group_by_type(events).items():
+                table = events_to_table(EVENT_TYPES[tag], found)
+                self._unwritten.setdefault(tag, []).append(table)
+                uncounted = len(found) - bisect.bisect_right(found, counted, key=_seq)
+                self._uncounted[tag] = self._uncounted.get(tag, 0) + uncounted
+                self._unwritten_bytes += _held_bytes(table)
+            if events:
+                self._unwritten_last_seq = events[-1].seq
+                if self._hold_since is None:
+                    self._hold_since = time.monotonic()
+        self._pending = []
 
-        Every pending event of a type goes into the same part, in ``seq`` order, before
+    def _hold_due(self) -> bool:
+        """Whether unwritten tables must be written now: the oldest has waited half a wake
+        period (so it is durable within the flush interval, as a journalled event is),
+        or they pin :data:`HOLD_BYTES`."""
+        assert self._hold_since is not None
+        waited = time.monotonic() - self._hold_since
+        return waited >= self._period_s * HOLD_FRACTION or self._unwritten_bytes >= HOLD_BYTES
+
+    def _convert(self) -> None:
+        """Write the pending and unwritten events of each type, then drop their journal:
+        a type with :data:`FINAL_ROWS` of them is merged at once with its fresh parts
+        into a compacted (zstd) file, encoded once (up to :data:`MAX_FINAL_FILES` per
+        type); any other becomes an lz4 part.
+
+        Every pending event of a type goes into the same file, in ``seq`` order, before
         any journal part is deleted: the invariant that makes a crashed run's journal
         readable without duplicates (:func:`esper.telemetry.journal.unconverted`).
         """
-        counted = self.manifest.last_seq  # journalled events are counted already
-        for tag, events in group_by_type(self._pending).items():
-            table = events_to_table(EVENT_TYPES[tag], events)
+        self._hold([])
+        large = []
+        for tag, tables in self._unwritten.items():
+            rows = sum(t.num_rows for t in tables)
+            if rows >= FINAL_ROWS and self._final_files[tag] < MAX_FINAL_FILES:
+                self._final_files[tag] += 1
+                large.append(tag)
+                continue
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             path = self._next_part_path(tag)
             self._io_path = path
             self.counters.bytes_written += self.sink.write_table(table, path)
-            self._count(tag, len(events) - bisect.bisect_right(events, counted, key=_seq))
+            self._count(tag, self._uncounted.get(tag, 0))
             self._fresh[tag].append(path)
             self._keep(tag, table)
-        self._pending = []
+        self._merge_unwritten(large)
+
+    def _merge_unwritten(self, tags: Iterable[str]) -> None:
+        """Merge each of ``tags``' fresh parts and unwritten tables into one compacted
+        file (the unwritten rows need no part of their own: they are counted as each
+        merged file lands), then end the hold; all share one intent record save
+        (:func:`rewrite_many`)."""
+        jobs = [
+            self._merge_job(tag, self._fresh.pop(tag, []), self._unwritten.get(tag))
+            for tag in sorted(tags)
+        ]
+        if jobs:
+            self._rewrite(jobs, landed=self._count_landed)
+        self._release_unwritten()
+
+    def _release_unwritten(self) -> None:
+        """The unwritten events are in closed files now: advance ``last_seq``, drop the
+        journal parts that held some of them, and end the hold."""
+        if self._hold_since is not None:
+            self.manifest.last_seq = max(self.manifest.last_seq, self._unwritten_last_seq)
         for path in self._journals:
             self._io_path = path
             self.sink.remove(path)
         self._journals = []
+        self._unwritten = {}
+        self._uncounted = {}
+        self._unwritten_bytes = 0
+        self._hold_since = None
 
     def _keep(self, tag: str, table: pa.Table) -> None:
         """Hold a fresh part's table for its merge, or stop holding the type's (budget)."""
@@ -362,40 +479,51 @@ class EventWriter:
                 fresh.clear()
 
     def _compact_all(self) -> None:
-        """Merge the parts written since the last rolling compaction, one file per type.
+        """Merge the parts written since the last rolling compaction, and the unwritten
+        tables, into one file per type.
 
         Earlier compacted files are left as they are, so closing costs time proportional
         to the last stretch of the run, not to the whole run. A single fresh part is
-        rewritten too: parts are lz4 while the run goes, a closed run is all zstd. All
-        types' merges share one intent record save (:func:`rewrite_many`).
+        rewritten too: parts are lz4 while the run goes, a closed run is all zstd. Pending
+        and unwritten events go into the merge directly (no part of their own), and the
+        journal parts are dropped once every merged file has landed.
         """
-        jobs = [
-            self._merge_job(tag, list(fresh)) for tag, fresh in sorted(self._fresh.items()) if fresh
-        ]
-        self._fresh.clear()
-        if jobs:
-            self._rewrite(jobs)
+        self._hold([])  # the pending (journalled) events join the unwritten tables
+        self._merge_unwritten(
+            set(self._unwritten) | {t for t, fresh in self._fresh.items() if fresh}
+        )
+
+    def _count_landed(self, job: Rewrite) -> None:
+        """A merged file is in place: count its rows that no journal part held."""
+        self._count(job.event_type, self._uncounted.pop(job.event_type, 0))
 
     def _merge(self, tag: str, inputs: list[Path]) -> None:
         self._rewrite([self._merge_job(tag, inputs)])
 
-    def _merge_job(self, tag: str, inputs: list[Path]) -> Rewrite:
+    def _merge_job(
+        self, tag: str, inputs: list[Path], tail: list[pa.Table] | None = None
+    ) -> Rewrite:
         return merge(
             event_type=tag,
             inputs=inputs,
             output=self._next_part_path(tag),
             schema=event_schema(EVENT_TYPES[tag]),
             contents=self._take_held(tag),  # every fresh part's table, or None
+            tail=tail,
         )
 
-    def _rewrite(self, jobs: list[Rewrite]) -> None:
-        rewrite_many(
+    def _rewrite(
+        self, jobs: list[Rewrite], landed: Callable[[Rewrite], None] = lambda _job: None
+    ) -> None:
+        sizes = rewrite_many(
             sink=self.sink,
             manifest=self.manifest,
             save=lambda _m: self.save_manifest(),
             rewrites=jobs,
             touching=self._touching,
+            landed=landed,
         )
+        self.counters.bytes_written += sum(sizes)
         self.counters.compactions += len(jobs)
 
     def _touching(self, path: Path) -> None:
