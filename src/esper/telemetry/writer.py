@@ -79,8 +79,8 @@ CONVERT_EVENTS: Final = 16_384
 #: the per-part cost is then small against its events, and a journal would only add an
 #: encoding. The tables are kept unwritten until the hold is due (below) or the close
 #: merges them: a burst is then Parquet-encoded once (the close's zstd file), not twice
-#: (an lz4 part, then the merge): 0.9-1.1 instead of 1.2-1.6 us of writer CPU per event
-#: (benchmarks/README.md, "Held bursts").
+#: (an lz4 part, then the merge): 0.85-1.06 instead of 1.12-1.33 us of writer CPU per
+#: event, medians (benchmarks/README.md, "Held bursts").
 DIRECT_EVENTS: Final = 4_096
 #: Unwritten tables are written once the oldest has waited this fraction of a wake
 #: period (so such an event is durable within the flush interval, like a journalled
