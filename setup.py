@@ -1,8 +1,9 @@
 """Build of the optional native column converter (everything else is in pyproject.toml).
 
 ``esper.telemetry._columns`` speeds up the telemetry writer's Struct -> Arrow
-conversion. It is optional: without a C compiler the build skips it and the writer uses
-pyarrow's converter, with the same output.
+conversion, ``esper.telemetry._emit`` the hub's ``emit``. Both are optional: without a C
+compiler the build skips them and pure-Python code does the same work (pyarrow's
+converter; the hub's locked Python path), with the same output.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,11 @@ setup(
             "esper.telemetry._columns",
             sources=["src/esper/telemetry/_columns.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "esper.telemetry._emit",
+            sources=["src/esper/telemetry/_emit.c"],
+            optional=True,
+        ),
     ]
 )

@@ -195,6 +195,7 @@ def file_layout() -> str:
         sink.DICTIONARY_INTEGERS,
         sink.COMPACT_ROW_GROUP_ROWS,
         sink.DELTA_COLUMNS,
+        sink.STATISTICS_COLUMNS,
     )
     return hashlib.sha256(repr(facts).encode()).hexdigest()[:8]
 

@@ -70,10 +70,22 @@ def _step(i: int) -> ev.Event:
     return minimal_event(ev.EnvStep, step=i)
 
 
-def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(tmp_path: Path) -> None:
+#: Both emit paths: the native fast path (where built) and the hub's Python path.
+BOTH_PATHS = pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+
+
+@BOTH_PATHS
+def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(
+    tmp_path: Path, native: bool
+) -> None:
     n = 2000
     hub = open_run(
-        tmp_path, "slow", level=TelemetryLevel.NORMAL, queue_capacity=100, sink=SlowSink()
+        tmp_path,
+        "slow",
+        level=TelemetryLevel.NORMAL,
+        queue_capacity=100,
+        sink=SlowSink(),
+        native=native,
     )
     with hub:
         for i in range(n):
@@ -89,7 +101,8 @@ def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(tmp_path: Path
     assert manifest.counts["env_step"] == n and manifest.status == "finished"
 
 
-def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path) -> None:
+@BOTH_PATHS
+def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path, native: bool) -> None:
     n = 2000
     hub = open_run(
         tmp_path,
@@ -98,6 +111,7 @@ def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path) -> 
         queue_capacity=50,
         drop_when_full=True,
         sink=SlowSink(),
+        native=native,
     )
     with hub:
         for i in range(n):
@@ -112,8 +126,13 @@ def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path) -> 
     assert sorted(seqs) == list(range(len(seqs)))
 
 
-def test_output_directory_turning_into_a_file_is_a_clear_error(tmp_path: Path) -> None:
-    hub = open_run(tmp_path, "gone", level=TelemetryLevel.NORMAL, flush_interval_s=0.05)
+@BOTH_PATHS
+def test_output_directory_turning_into_a_file_is_a_clear_error(
+    tmp_path: Path, native: bool
+) -> None:
+    hub = open_run(
+        tmp_path, "gone", level=TelemetryLevel.NORMAL, flush_interval_s=0.05, native=native
+    )
     hub.emit(_step(0))
     hub.flush()
     assert hub.run_dir is not None

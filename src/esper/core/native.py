@@ -17,7 +17,7 @@ from typing import Final
 #: Environment variable: "0" turns every accelerator off.
 NATIVE_ENV: Final = "ESPER_NATIVE"
 #: Every accelerator module, by import name.
-MODULES: Final = ("esper.telemetry._columns",)
+MODULES: Final = ("esper.telemetry._columns", "esper.telemetry._emit")
 
 
 def native_enabled() -> bool:

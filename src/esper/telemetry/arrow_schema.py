@@ -159,11 +159,11 @@ def _native_plan(cls: type[Event]) -> _NativePlan:
     schema = event_schema(cls)
     types = tuple(schema.field(name).type for name in cls.__struct_fields__)
     kinds = "".join(_LIST_KINDS[t.value_type] if pa.types.is_list(t) else _KINDS[t] for t in types)
-    descriptors = tuple(_slot_descriptor(cls, name) for name in cls.__struct_fields__)
+    descriptors = tuple(slot_descriptor(cls, name) for name in cls.__struct_fields__)
     return _NativePlan(descriptors, kinds.encode("ascii"), types)
 
 
-def _slot_descriptor(cls: type, name: str) -> object:
+def slot_descriptor(cls: type, name: str) -> object:
     """The member descriptor of field ``name`` (the class attribute, not a default)."""
     for klass in cls.__mro__:
         if name in vars(klass):

@@ -18,9 +18,13 @@ checksums verified, so a damaged part is never merged into a fresh, valid-lookin
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +40,8 @@ from esper.telemetry.paths import (
 )
 from esper.telemetry.sink import COMPACT_ROW_GROUP_ROWS, PartSink
 
+#: Outputs of one rewrite batch written at once, at most (one per core).
+WRITE_THREADS: Final = min(os.cpu_count() or 1, 4)
 #: Called with the manifest after it changed, to persist it (atomically).
 SaveManifest = Callable[[Manifest], None]
 
@@ -83,6 +89,8 @@ def rewrite_many(
     rewrites: list[Rewrite],
     touching: Callable[[Path], None] = lambda _path: None,
     landed: Callable[[Rewrite], None] = lambda _rewrite: None,
+    spent: Callable[[int], None] = lambda _cpu_ns: None,
+    parallel: bool = False,
 ) -> list[int]:
     """Run several rewrites under one intent record save and one clearing save.
 
@@ -91,8 +99,9 @@ def rewrite_many(
     (a manifest write cost about as much as a small merge). ``touching`` is told each
     file before it is written or removed (so an error can name it); ``landed`` each
     rewrite whose output is in place (so a caller can count rows no input held, output
-    by output, and a failure half-way leaves counts that match the files). Returns the
-    output sizes.
+    by output, and a failure half-way leaves counts that match the files); ``spent`` the
+    CPU time of the threads that wrote outputs in ``parallel`` (:func:`_write_all`).
+    Returns the output sizes.
     """
     records = [
         Compaction(
@@ -104,11 +113,7 @@ def rewrite_many(
     ]
     manifest.pending_compactions.extend(records)
     save(manifest)
-    sizes = []
-    for r in rewrites:
-        touching(r.output)
-        sizes.append(0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output))
-        landed(r)
+    sizes = _write_all(sink, rewrites, touching, landed, spent, parallel=parallel)
     for r in rewrites:
         for path in r.inputs:
             touching(path)
@@ -116,6 +121,74 @@ def rewrite_many(
     for record in records:
         manifest.pending_compactions.remove(record)
     save(manifest)
+    return sizes
+
+
+def _write_one(sink: PartSink, r: Rewrite) -> int:
+    return 0 if r.tables is None else sink.write_tables(r.tables, r.schema, r.output)
+
+
+def _write_timed(sink: PartSink, r: Rewrite) -> tuple[int, int]:
+    """Size of ``r``'s output, and the CPU time this (pool) thread spent writing it."""
+    start = time.thread_time_ns()
+    size = _write_one(sink, r)
+    return size, time.thread_time_ns() - start
+
+
+def _write_all(
+    sink: PartSink,
+    rewrites: list[Rewrite],
+    touching: Callable[[Path], None],
+    landed: Callable[[Rewrite], None],
+    spent: Callable[[int], None],
+    *,
+    parallel: bool,
+) -> list[int]:
+    """Write every rewrite's output; with ``parallel``, on several threads where the
+    sink allows it and there are several outputs (Parquet encoding releases the GIL, so
+    the close's merge of a dozen types uses every core). ``landed`` is called in order,
+    in this thread, for each output in place, and ``spent`` with the pool threads' CPU
+    time; the first failure is raised once the others are done."""
+    concurrent = parallel and getattr(sink, "concurrent", False)
+    threads = min(len(rewrites), WRITE_THREADS) if concurrent else 1
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="esper-compact") as pool:
+            try:
+                futures = [pool.submit(_write_timed, sink, r) for r in rewrites]
+            except RuntimeError:  # the interpreter is shutting down (a hub closed at exit)
+                futures = []
+            if futures:
+                return _collect(rewrites, futures, touching, landed, spent)
+    sizes = []
+    for r in rewrites:
+        touching(r.output)
+        sizes.append(_write_one(sink, r))
+        landed(r)
+    return sizes
+
+
+def _collect(
+    rewrites: list[Rewrite],
+    futures: list[Future[tuple[int, int]]],
+    touching: Callable[[Path], None],
+    landed: Callable[[Rewrite], None],
+    spent: Callable[[int], None],
+) -> list[int]:
+    """The parallel writes' sizes, in order; the first failure raised after the rest."""
+    sizes, failure = [], None
+    for r, future in zip(rewrites, futures, strict=True):
+        try:
+            size, cpu_ns = future.result()
+        except Exception as exc:
+            if failure is None:
+                touching(r.output)  # the error names this file
+                failure = exc
+            continue
+        sizes.append(size)
+        spent(cpu_ns)
+        landed(r)
+    if failure is not None:
+        raise failure
     return sizes
 
 

@@ -1,11 +1,12 @@
 """The telemetry hub: the one object producers call, with an O(1) ``emit``.
 
 ``emit`` filters by level, stamps the envelope (``run_id``, ``seq``, ``ts_ns``,
-``rank``) in place and appends the event to the writer's bounded buffer under a lock:
-no encoding, no I/O, no device sync. Filtering happens before stamping, so a filtered
-event never consumes a ``seq`` and ``seq`` has no gaps per run and rank. Everything
-else (Arrow conversion, Parquet, the manifest) happens in the writer thread
-(:mod:`esper.telemetry.writer`).
+``rank``) in place and appends the event to the writer's bounded buffer: no encoding,
+no I/O, no device sync. Where the native fast path is built it is one C call, atomic
+under the GIL (:mod:`esper.telemetry.fast_emit`); otherwise Python under a lock.
+Filtering happens before stamping, so a filtered event never consumes a ``seq`` and
+``seq`` has no gaps per run and rank. Everything else (Arrow conversion, Parquet, the
+manifest) happens in the writer thread (:mod:`esper.telemetry.writer`).
 
 Three implementations share the :class:`Hub` interface: :class:`TelemetryHub` (the
 real one, from :func:`open_run`), :class:`NullHub` (level ``off``: writes nothing at
@@ -21,20 +22,23 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 import msgspec
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
-from esper.telemetry.events import WriterStats as WriterStatsEvent
+from esper.telemetry.fast_emit import native_emitter
 from esper.telemetry.lock import RunLock, acquire_run_lock
 from esper.telemetry.manifest import WriterCounters, new_manifest
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.telemetry.resume import prepare_new, prepare_resume
 from esper.telemetry.sink import ParquetSink, PartSink
-from esper.telemetry.writer import EventWriter, TelemetryWriteError
+from esper.telemetry.writer import EventWriter, TelemetryWriteError, writer_stats_event
+
+if TYPE_CHECKING:
+    from esper.telemetry._emit import Emitter
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 0.5
 DEFAULT_QUEUE_CAPACITY: Final = 65536
@@ -57,18 +61,6 @@ def _unknown_event(event: object) -> TypeError:
 def _already_emitted(event: Event) -> ValueError:
     return ValueError(
         f"{type(event).__name__} with seq={event.seq} was already emitted; build a new event"
-    )
-
-
-def _writer_stats_event(c: WriterCounters) -> WriterStatsEvent:
-    return WriterStatsEvent(
-        events_written=c.events_written,
-        bytes_written=c.bytes_written,
-        flushes=c.flushes,
-        max_queue_depth=c.max_queue_depth,
-        blocked_ns=c.blocked_ns,
-        blocked_emits=c.blocked_emits,
-        dropped=c.dropped,
     )
 
 
@@ -180,7 +172,7 @@ class StampingHub(Hub):
 
     @property
     def events_emitted(self) -> int:
-        return self._seq - self._start_seq
+        return self.next_seq - self._start_seq
 
     @property
     def closed(self) -> bool:
@@ -249,7 +241,9 @@ class TelemetryHub(StampingHub):
         writer: EventWriter,
         drop_when_full: bool,
         run_lock: RunLock | None = None,
+        native: bool = True,
     ) -> None:
+        self._emitter: Emitter | None = None  # set below; the level setter consults it
         super().__init__(run_id, level=level, rank=rank, start_seq=start_seq)
         self.run_dir = run_dir
         self._writer = writer
@@ -258,6 +252,40 @@ class TelemetryHub(StampingHub):
         self._buf = writer.buffer
         self._capacity = writer.capacity
         self._drop = drop_when_full
+        self._emitter = (
+            None
+            if not native
+            else native_emitter(
+                buffer=writer.buffer,
+                capacity=writer.capacity,
+                run_id=run_id,
+                rank=rank,
+                start_seq=start_seq,
+                level=level,
+                slow=self._emit_checked,
+            )
+        )
+        if self._emitter is not None:
+            self.emit = self._emitter.emit  # type: ignore[method-assign]
+            self._push = self._emitter.push  # type: ignore[method-assign]
+            writer.on_fail = self._stop_fast_path
+
+    @property
+    def level(self) -> TelemetryLevel:
+        return self._level
+
+    @level.setter
+    def level(self, value: TelemetryLevel) -> None:
+        self._level = value
+        if self._emitter is not None:
+            self._emitter.level = int(value)
+
+    def enabled(self, level: TelemetryLevel) -> bool:
+        return level <= self._level
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq if self._emitter is None else self._emitter.seq
 
     @property
     def manifest_counters(self) -> WriterCounters:
@@ -265,8 +293,11 @@ class TelemetryHub(StampingHub):
         return self._writer.counters
 
     def emit(self, event: Event) -> None:
+        """Filter, check, stamp and append: the Python path. With the native fast path
+        the instance's ``emit`` is ``Emitter.emit``, which hands every case it does not
+        handle itself to this method (as ``_emit_checked``)."""
         try:
-            if _LEVELS[type(event)] > self.level:
+            if _LEVELS[type(event)] > self._level:
                 return
         except KeyError:
             raise _unknown_event(event) from None
@@ -275,22 +306,31 @@ class TelemetryHub(StampingHub):
         if event.seq != UNSTAMPED_SEQ:
             raise _already_emitted(event)
         with self._lock:
-            buf = self._buf
-            if len(buf) >= self._capacity:
+            if len(self._buf) >= self._capacity:
                 if self._drop:
                     self._writer.counters.dropped += 1
                     return
                 self._writer.wait_for_room_locked()
-            self._stamp(event)
-            buf.append(event)
+            self._push(event)
+
+    _emit_checked = emit
+
+    def _push(self, event: Event) -> None:
+        """Stamp and append (``lock`` held); the native ``Emitter.push`` where built."""
+        self._stamp(event)
+        self._buf.append(event)
 
     def _append_unfiltered(self, event: Event) -> None:
         """Record ``event`` whatever the level (the final stats); blocks when full."""
         with self._lock:
             if len(self._buf) >= self._capacity:
                 self._writer.wait_for_room_locked()
-            self._stamp(event)
-            self._buf.append(event)
+            self._push(event)
+
+    def _stop_fast_path(self) -> None:
+        """Closed, or the writer failed: every emit takes the Python path (which raises)."""
+        if self._emitter is not None:
+            self._emitter.open = False
 
     def _raise_unusable(self) -> None:
         self._writer.raise_if_failed()
@@ -320,6 +360,7 @@ class TelemetryHub(StampingHub):
         except TelemetryWriteError as exc:
             failure = exc
         self._closed = True
+        self._stop_fast_path()
         _OPEN_HUBS.discard(self)
         try:
             writer.stop()
@@ -334,7 +375,7 @@ class TelemetryHub(StampingHub):
 
     def _emit_writer_stats(self) -> None:
         """The final stats event is written whatever the current level."""
-        self._append_unfiltered(_writer_stats_event(self._writer.counters))
+        self._append_unfiltered(writer_stats_event(self._writer.counters))
 
 
 class NullHub(StampingHub):
@@ -393,7 +434,7 @@ class MemoryHub(StampingHub):
         """Mirror the real hub: a final ``writer_stats`` event, then closed."""
         if self._closed:
             return
-        stats = _writer_stats_event(WriterCounters(events_written=len(self.events)))
+        stats = writer_stats_event(WriterCounters(events_written=len(self.events)))
         with self._lock:
             self._stamp_and_store(stats)
         self.status, self.error = status, error
@@ -419,6 +460,7 @@ def open_run(
     resume: bool = False,
     sink: PartSink | None = None,
     world_size: int = 1,
+    native: bool = True,
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
@@ -426,6 +468,7 @@ def open_run(
     checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
     ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
+    ``native=False`` keeps ``emit`` on its Python path (to compare with the fast path).
 
     The run's writer lock (:mod:`esper.telemetry.lock`) is taken first and held until
     :meth:`TelemetryHub.close`: while another live process writes the run (rank), this
@@ -453,6 +496,7 @@ def open_run(
             resume=resume,
             sink=sink or ParquetSink(),
             world_size=world_size,
+            native=native,
         )
     except BaseException:
         run_lock.release()
@@ -475,6 +519,7 @@ def _open_locked(
     resume: bool,
     sink: PartSink,
     world_size: int = 1,
+    native: bool = True,
 ) -> TelemetryHub:
     """:func:`open_run` once the writer lock is held: prepare the directory, start."""
     if resume:
@@ -516,6 +561,7 @@ def _open_locked(
         writer=writer,
         drop_when_full=drop_when_full,
         run_lock=run_lock,
+        native=native,
     )
     writer.start()
     _OPEN_HUBS.add(hub)

@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from esper.telemetry.events import ENVELOPE_FIELDS
 from esper.telemetry.paths import tmp_path_for
 
 #: Compacted files are kept, so they get zstd (small); the short-lived parts (journal
@@ -28,6 +29,10 @@ from esper.telemetry.paths import tmp_path_for
 #: the CPU (and the GIL) small while training runs.
 COMPRESSION: Final = "zstd"
 PART_COMPRESSION: Final = "lz4"
+#: zstd level of compacted files: 3 (zstd's own default) instead of Arrow's 1 made the
+#: writer benchmark's files 15 % smaller at no extra cost (benchmarks/README.md,
+#: "Native emit").
+COMPRESSION_LEVEL: Final = 3
 #: Short-lived parts are read back only by their merge (or after a crash): no column
 #: statistics and no dictionaries, which cost per column and so make most of a tiny
 #: file's price (0.63 ms instead of 0.79-0.87 per 8-event part; benchmarks/README.md,
@@ -77,6 +82,18 @@ def delta_columns(schema: pa.Schema) -> dict[str, str]:
     return {name: DELTA_ENCODING for name in DELTA_COLUMNS if name in schema.names}
 
 
+#: Columns whose statistics (min, max, nulls) compacted files keep: the envelope, which
+#: readers prune on (``seq`` ranges, rounds, ranks). Payload values are not ordered in a
+#: file, so their min/max would prune nothing, and computing them cost about a fifth
+#: of the encoding (benchmarks/README.md, "Native emit").
+STATISTICS_COLUMNS: Final = ENVELOPE_FIELDS
+
+
+def statistics_columns(schema: pa.Schema) -> list[str]:
+    """The :data:`STATISTICS_COLUMNS` that ``schema`` has."""
+    return [name for name in STATISTICS_COLUMNS if name in schema.names]
+
+
 #: Whether this pyarrow's writer takes a page row limit (see :func:`compact_options`).
 _TAKES_PAGE_ROWS: Final = "max_rows_per_page" in inspect.signature(pq.ParquetWriter).parameters
 
@@ -88,8 +105,10 @@ def compact_options(schema: pa.Schema) -> dict[str, Any]:
     up): without it the files are the same, with pyarrow's default page size."""
     options: dict[str, Any] = {
         "compression": COMPRESSION,
+        "compression_level": COMPRESSION_LEVEL,
         "use_dictionary": dictionary_columns(schema),
         "column_encoding": delta_columns(schema),
+        "write_statistics": statistics_columns(schema),
     }
     if _TAKES_PAGE_ROWS:
         options["max_rows_per_page"] = COMPACT_PAGE_ROWS
@@ -117,7 +136,12 @@ class PartSink(Protocol):
 
 
 class ParquetSink:
-    """Atomic Parquet files (tmp + ``os.replace``): lz4 parts, zstd compacted files."""
+    """Atomic Parquet files (tmp + ``os.replace``): lz4 parts, zstd compacted files.
+
+    ``concurrent``: ``write_tables`` may run on several threads at once (different
+    files); a sink without the attribute gets one call at a time."""
+
+    concurrent: bool = True
 
     def write_table(self, table: pa.Table, path: Path) -> int:
         return self._write([table], table.schema, path, PART_OPTIONS)

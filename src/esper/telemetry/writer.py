@@ -61,7 +61,7 @@ from esper.core.enums import RunStatus
 from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.compaction import Rewrite, merge, rewrite_many
-from esper.telemetry.events import EVENT_TYPES, Event, event_tag
+from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
 from esper.telemetry.journal import group_by_type, journal_rank_dir, journal_table
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
@@ -123,6 +123,19 @@ def _held_bytes(table: pa.Table) -> int:
     return int(table.get_total_buffer_size())
 
 
+def writer_stats_event(c: WriterCounters) -> WriterStats:
+    """The final ``writer_stats`` event of a hub, from its counters."""
+    return WriterStats(
+        events_written=c.events_written,
+        bytes_written=c.bytes_written,
+        flushes=c.flushes,
+        max_queue_depth=c.max_queue_depth,
+        blocked_ns=c.blocked_ns,
+        blocked_emits=c.blocked_emits,
+        dropped=c.dropped,
+    )
+
+
 class TelemetryWriteError(EsperError):
     """The telemetry writer failed; the message names the path and the OS error."""
 
@@ -155,6 +168,9 @@ class EventWriter:
         self.lock = threading.Lock()
         self.buffer: list[Event] = []
         self.error: TelemetryWriteError | None = None
+        #: Called (in the writer thread) once ``error`` is set: the hub turns its native
+        #: fast path off, so the next emit raises the error.
+        self.on_fail: Callable[[], None] | None = None
         self._wake = threading.Condition(self.lock)
         self._room = threading.Condition(self.lock)
         self._flushed = threading.Condition(self.lock)
@@ -291,8 +307,7 @@ class EventWriter:
                     if remaining <= 0:
                         break
                     self._wake.wait(remaining)
-                batch = self.buffer.copy()
-                self.buffer.clear()
+                batch = self._take_buffered()
                 generation = self._flush_requested
                 draining = generation > self._flush_done  # a flush or the close's drain
                 durable = self._durable_requested > self._flush_done
@@ -317,6 +332,15 @@ class EventWriter:
                 self._flushed.notify_all()
             if stopping:
                 return
+
+    def _take_buffered(self) -> list[Event]:
+        """The buffered events, removed from the buffer (``lock`` held): a copy, then a
+        delete of that many. The native emit (:mod:`esper.telemetry.fast_emit`) appends
+        without the lock, atomically under the GIL; an append between the two steps stays
+        in the buffer, where a ``copy`` then ``clear`` would lose it."""
+        batch = self.buffer[:]
+        del self.buffer[: len(batch)]
+        return batch
 
     def _write_batch(
         self, batch: list[Event], *, typed: bool, durable: bool, closing: bool
@@ -416,7 +440,7 @@ class EventWriter:
             self._keep(tag, table)
         self._merge_unwritten(large)
 
-    def _merge_unwritten(self, tags: Iterable[str]) -> None:
+    def _merge_unwritten(self, tags: Iterable[str], *, parallel: bool = False) -> None:
         """Merge each of ``tags``' fresh parts and unwritten tables into one compacted
         file (the unwritten rows need no part of their own: they are counted as each
         merged file lands), then end the hold; all share one intent record save
@@ -426,7 +450,7 @@ class EventWriter:
             for tag in sorted(tags)
         ]
         if jobs:
-            self._rewrite(jobs, landed=self._count_landed)
+            self._rewrite(jobs, landed=self._count_landed, parallel=parallel)
         self._release_unwritten()
 
     def _release_unwritten(self) -> None:
@@ -490,7 +514,8 @@ class EventWriter:
         """
         self._hold([])  # the pending (journalled) events join the unwritten tables
         self._merge_unwritten(
-            set(self._unwritten) | {t for t, fresh in self._fresh.items() if fresh}
+            set(self._unwritten) | {t for t, fresh in self._fresh.items() if fresh},
+            parallel=True,
         )
 
     def _count_landed(self, job: Rewrite) -> None:
@@ -513,8 +538,15 @@ class EventWriter:
         )
 
     def _rewrite(
-        self, jobs: list[Rewrite], landed: Callable[[Rewrite], None] = lambda _job: None
+        self,
+        jobs: list[Rewrite],
+        landed: Callable[[Rewrite], None] = lambda _job: None,
+        *,
+        parallel: bool = False,
     ) -> None:
+        """Rewrite ``jobs`` crash-safely; the close's merge (``parallel``) encodes its
+        files on every core, since the caller waits for it, while merges during the run
+        stay on this thread so that training keeps the other cores."""
         sizes = rewrite_many(
             sink=self.sink,
             manifest=self.manifest,
@@ -522,12 +554,18 @@ class EventWriter:
             rewrites=jobs,
             touching=self._touching,
             landed=landed,
+            spent=self._spent_elsewhere,
+            parallel=parallel,
         )
         self.counters.bytes_written += sum(sizes)
         self.counters.compactions += len(jobs)
 
     def _touching(self, path: Path) -> None:
         self._io_path = path
+
+    def _spent_elsewhere(self, cpu_ns: int) -> None:
+        """CPU time of the threads that encoded merged files in parallel: the writer's."""
+        self.counters.cpu_ns += cpu_ns
 
     def save_manifest(self) -> None:
         path = manifest_path(self.run_dir, self.rank)
@@ -545,3 +583,5 @@ class EventWriter:
                 self.error = error
             self._room.notify_all()
             self._flushed.notify_all()
+        if self.on_fail is not None:
+            self.on_fail()
