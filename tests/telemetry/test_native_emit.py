@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 from _telemetry_support import all_seqs, minimal_event, read_all, read_type
 
@@ -170,39 +171,63 @@ def test_resumed_seq_continues_from_start_seq(tmp_path: Path, native: bool) -> N
     assert sorted(all_seqs(tmp_path / "seq")) == [40, 41, 42, 43]
 
 
+def _emitter(**changes: object) -> Any:
+    """A native Emitter with working arguments, ``changes`` applied."""
+    assert fast_emit._native is not None
+    args: dict[str, object] = {
+        "base": Event,
+        "descriptors": tuple(slot_descriptor(Event, f) for f in fast_emit.ENVELOPE_FIELDS),
+        "levels": {cls: int(level) for cls, level in EVENT_LEVELS.items()},
+        "buffer": [],
+        "capacity": 8,
+        "run_id": "r",
+        "rank": 0,
+        "seq": 0,
+        "level": int(TelemetryLevel.NORMAL),
+        "slow": print,
+    }
+    args.update(changes)
+    return fast_emit._native.Emitter(**args)
+
+
 @needs_native
 def test_the_emitter_checks_its_arguments() -> None:
-    assert fast_emit._native is not None
     descriptors = tuple(slot_descriptor(Event, f) for f in fast_emit.ENVELOPE_FIELDS)
-    levels = {cls: int(level) for cls, level in EVENT_LEVELS.items()}
-
-    def make(**changes: object) -> object:
-        args: dict[str, object] = {
-            "base": Event,
-            "descriptors": descriptors,
-            "levels": levels,
-            "buffer": [],
-            "capacity": 8,
-            "run_id": "r",
-            "rank": 0,
-            "seq": 0,
-            "level": 2,
-            "slow": print,
-        }
-        args.update(changes)
-        return fast_emit._native.Emitter(**args)
-
-    make()
+    _emitter()
     with pytest.raises(TypeError, match="not a subclass"):
-        make(levels={int: 1})
+        _emitter(levels={int: 1})
     with pytest.raises(TypeError, match="is not an int"):
-        make(levels={ev.EnvStep: 1.5})
+        _emitter(levels={ev.EnvStep: 1.5})
     with pytest.raises(TypeError, match="object slot"):
-        make(descriptors=(*descriptors[:3], slot_descriptor(ev.EnvStep, "train_loss")))
+        _emitter(descriptors=(*descriptors[:3], slot_descriptor(ev.EnvStep, "train_loss")))
     with pytest.raises(ValueError, match="capacity"):
-        make(capacity=0)
+        _emitter(capacity=0)
     with pytest.raises(TypeError, match="callable"):
-        make(slow=3)
+        _emitter(slow=3)
+
+
+@needs_native
+def test_the_fast_path_holds_exactly_the_references_it_should() -> None:
+    """Each stamped event holds the run id once, the buffer holds each event once, and
+    nothing is left behind once both are gone (a leak in C would show here)."""
+    run_id = "".join(["refcount-", "probe"])  # a fresh str, not an interned constant
+    buffer: list[Event] = []
+    emitter = _emitter(buffer=buffer, capacity=1 << 16, run_id=run_id)
+    template = minimal_event(ev.EnvStep)
+    events = [msgspec.structs.replace(template) for _ in range(1000)]
+    before_run_id, before_event = sys.getrefcount(run_id), sys.getrefcount(events[0])
+    for event in events:
+        emitter.emit(event)
+    after_run_id, after_event = sys.getrefcount(run_id), sys.getrefcount(events[0])
+    assert after_run_id == before_run_id + len(events)
+    assert after_event == before_event + 1  # the buffer's
+    in_order = buffer == events and [e.seq for e in events] == list(range(1000))
+    buffer.clear()
+    released_event = sys.getrefcount(events[0])
+    del events, event  # the loop variable held the last one
+    released_run_id = sys.getrefcount(run_id)
+    assert in_order
+    assert (released_event, released_run_id) == (before_event, before_run_id)
 
 
 def test_the_emit_module_is_built_where_ci_runs() -> None:

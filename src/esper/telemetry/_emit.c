@@ -158,13 +158,6 @@ now_ns(Emitter *self)
     return PyObject_CallNoArgs(self->clock);
 }
 
-static void
-set_slot(PyObject *event, Py_ssize_t offset, PyObject *value)
-{
-    PyObject *old = SLOT(event, offset);
-    SLOT(event, offset) = value; /* takes the reference */
-    Py_XDECREF(old);
-}
 
 /* Stamp ``event`` with the next seq and append it (no check but the caller's). */
 static PyObject *
@@ -183,11 +176,18 @@ push_stamped(Emitter *self, PyObject *event)
         Py_DECREF(ts);
         return NULL;
     }
-    set_slot(event, self->offsets[F_RUN_ID], Py_NewRef(self->run_id));
-    set_slot(event, self->offsets[F_SEQ], seq);
-    set_slot(event, self->offsets[F_TS_NS], ts);
-    set_slot(event, self->offsets[F_RANK], Py_NewRef(self->rank));
+    PyObject *stamp[N_ENVELOPE] = {Py_NewRef(self->run_id), seq, ts, Py_NewRef(self->rank)};
+    PyObject *old[N_ENVELOPE];
+    for (int f = 0; f < N_ENVELOPE; f++) {
+        old[f] = SLOT(event, self->offsets[f]);
+        SLOT(event, self->offsets[f]) = stamp[f]; /* takes the reference */
+    }
     self->seq++;
+    /* Released last: an old value's destructor may run Python code (and let another
+     * thread emit), which must find the counter already advanced. */
+    for (int f = 0; f < N_ENVELOPE; f++) {
+        Py_XDECREF(old[f]);
+    }
     Py_RETURN_NONE;
 }
 
