@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,11 +42,13 @@ class DiskFullSink(ParquetSink):
 
     def __init__(self, ok_writes: int) -> None:
         self.ok_writes = ok_writes
+        self._lock = threading.Lock()  # the close's merged files are written in parallel
 
     def _use_one(self, path: Path) -> None:
-        if self.ok_writes <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        self.ok_writes -= 1
+        with self._lock:
+            if self.ok_writes <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            self.ok_writes -= 1
 
     def write_table(self, table: pa.Table, path: Path) -> int:
         self._use_one(path)

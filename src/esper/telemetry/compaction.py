@@ -153,10 +153,13 @@ def _write_all(
     threads = min(len(rewrites), WRITE_THREADS) if concurrent else 1
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="esper-compact") as pool:
+            futures: list[Future[tuple[int, int]]] = []
             try:
-                futures = [pool.submit(_write_timed, sink, r) for r in rewrites]
+                for r in rewrites:
+                    futures.append(pool.submit(_write_timed, sink, r))
             except RuntimeError:  # the interpreter is shutting down (a hub closed at exit)
-                futures = []
+                if futures:  # (it refuses the first one already; never write one twice)
+                    raise
             if futures:
                 return _collect(rewrites, futures, touching, landed, spent)
     sizes = []

@@ -122,6 +122,10 @@ def _is_string(kind: pa.DataType) -> bool:
 
 
 class PartSink(Protocol):
+    """Where the writer's files go. A sink whose ``write_tables`` may run on several
+    threads at once (different files) says so with a ``concurrent = True`` attribute;
+    the close's merge then encodes its files in parallel."""
+
     def write_table(self, table: pa.Table, path: Path) -> int:
         """Write ``table`` as a complete file at ``path``; return its size in bytes."""
         ...
