@@ -86,8 +86,13 @@ DIRECT_EVENTS: Final = 4_096
 #: period (so such an event is durable within the flush interval, like a journalled
 #: one) ...
 HOLD_FRACTION: Final = 0.5
-#: ... or once they pin this many bytes (converted tables: 20-60 bytes per event).
-HOLD_BYTES: Final = 32 * 1024 * 1024
+#: ... or once they pin this many bytes (converted tables: about 200 bytes per event of
+#: the writer benchmark's mix, a sixth of it the run id repeated per row). At the default
+#: flush interval time bounds a hold first below ~2.5M events/s. At 32 MiB a 200k-event
+#: burst came due by bytes mid-burst and was partly encoded twice (lz4 parts of its
+#: small types, merged again at the close), on one thread, while the producer waited
+#: (benchmarks/README.md, "Native emit").
+HOLD_BYTES: Final = 64 * 1024 * 1024
 #: A type with this many events to write goes straight into a compacted (zstd) file,
 #: merged with its fresh parts, instead of an lz4 part merged again later: the events of
 #: a burst that outlasts a hold are then encoded once too ...
