@@ -202,6 +202,26 @@ def test_repeated_conversions_do_not_grow_memory() -> None:
     assert grown - baseline < one_call  # a leak would keep ~50 calls' buffers
 
 
+@needs_native
+def test_grouping_by_type_matches_the_python_grouping() -> None:
+    """``group`` gives the dict of lists a Python loop gives: types in order of first
+    appearance, each list in the given order, the same objects; and refuses non-lists."""
+    native = arrow_schema._native
+    assert native is not None
+    kinds = [EVENT_TYPES[t] for t in ("env_step", "round_started", "reward_computed")]
+    events = [edge_event(kinds[i % 7 % 3], i % 6) for i in range(200)]
+    expected: dict[type, list[Event]] = {}
+    for event in events:
+        expected.setdefault(type(event), []).append(event)
+    grouped = native.group(events)
+    assert list(grouped) == list(expected)
+    for cls, found in expected.items():  # the very objects, in order
+        assert [id(e) for e in grouped[cls]] == [id(e) for e in found]
+    assert native.group([]) == {}
+    with pytest.raises(TypeError, match="takes a list"):
+        native.group(tuple(events))
+
+
 def test_esper_native_0_turns_the_accelerators_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(NATIVE_ENV, "0")
     assert load_native("esper.telemetry._columns") is None

@@ -31,8 +31,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from esper.core.native import load_native
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_tag
 from esper.telemetry.paths import list_parts
+
+#: The native converter module (its ``group``), or None (:mod:`esper.core.native`).
+_native = load_native("esper.telemetry._columns")
 
 JOURNAL_DIR: Final = "journal"
 #: File-metadata key that marks a journal part (typed parts carry the event type).
@@ -116,10 +120,15 @@ def read_journal(path: Path) -> list[Event]:
 
 
 def group_by_type(events: Iterable[Event]) -> dict[str, list[Event]]:
-    """Events per type tag, each list in the order given."""
-    groups: dict[type[Event], list[Event]] = defaultdict(list)
-    for event in events:
-        groups[type(event)].append(event)
+    """Events per type tag, each list in the order given (grouped in C where the native
+    converter is built: the writer groups every burst)."""
+    groups: dict[type[Event], list[Event]]
+    if _native is not None and type(events) is list:
+        groups = _native.group(events)
+    else:
+        groups = defaultdict(list)
+        for event in events:
+            groups[type(event)].append(event)
     return {event_tag(cls): found for cls, found in groups.items()}
 
 
