@@ -17,7 +17,7 @@ from esper.telemetry import events as ev
 from esper.telemetry.compaction import live_parts
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
 from esper.telemetry.journal import journal_parts, journal_ranks, read_journal, unconverted
-from esper.telemetry.manifest import read_manifests
+from esper.telemetry.manifest import Manifest, new_manifest, read_manifests
 
 INT_BOUND = 2**62
 #: Periodic flushes this fast let a test see several journal parts within a second.
@@ -163,3 +163,17 @@ def wait_for(predicate: Callable[[], object], what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def bare_manifest(run_id: str) -> Manifest:
+    """A new rank-0 manifest with neutral settings (for compaction tests without a hub)."""
+    return new_manifest(
+        run_id=run_id,
+        rank=0,
+        schema_version=1,
+        config_hash="",
+        parent_run_id="",
+        level="normal",
+        flush_interval_s=1.0,
+        first_seq=0,
+    )

@@ -176,7 +176,7 @@ def _emitter(**changes: object) -> Any:
     assert fast_emit._native is not None
     args: dict[str, object] = {
         "base": Event,
-        "descriptors": tuple(slot_descriptor(Event, f) for f in fast_emit.ENVELOPE_FIELDS),
+        "descriptors": tuple(slot_descriptor(Event, f) for f in fast_emit.STAMPED_FIELDS),
         "levels": {cls: int(level) for cls, level in EVENT_LEVELS.items()},
         "buffer": [],
         "capacity": 8,
@@ -192,7 +192,7 @@ def _emitter(**changes: object) -> Any:
 
 @needs_native
 def test_the_emitter_checks_its_arguments() -> None:
-    descriptors = tuple(slot_descriptor(Event, f) for f in fast_emit.ENVELOPE_FIELDS)
+    descriptors = tuple(slot_descriptor(Event, f) for f in fast_emit.STAMPED_FIELDS)
     _emitter()
     with pytest.raises(TypeError, match="not a subclass"):
         _emitter(levels={int: 1})

@@ -15,14 +15,13 @@ from pathlib import Path
 import msgspec
 import pyarrow as pa
 import pytest
-from _telemetry_support import minimal_event
+from _telemetry_support import bare_manifest, minimal_event
 
 from esper.telemetry import compaction
 from esper.telemetry import events as ev
 from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.compaction import Rewrite, merge, rewrite_many
 from esper.telemetry.events import EVENT_TYPES, event_tag
-from esper.telemetry.manifest import Manifest, new_manifest
 from esper.telemetry.paths import part_name, type_rank_dir
 from esper.telemetry.sink import ParquetSink
 
@@ -44,19 +43,6 @@ class FailingSink(ParquetSink):
         if f"type={self.fail_type}" in path.parts:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return super().write_tables(tables, schema, path)
-
-
-def _manifest() -> Manifest:
-    return new_manifest(
-        run_id="merge",
-        rank=0,
-        schema_version=1,
-        config_hash="",
-        parent_run_id="",
-        level="normal",
-        flush_interval_s=1.0,
-        first_seq=0,
-    )
 
 
 def _jobs(run_dir: Path) -> list[Rewrite]:
@@ -84,7 +70,7 @@ def _write(run_dir: Path, sink: ParquetSink) -> tuple[list[int], list[str], list
     spent: list[int] = []
     sizes = rewrite_many(
         sink=sink,
-        manifest=_manifest(),
+        manifest=bare_manifest("merge"),
         save=lambda _m: None,
         rewrites=_jobs(run_dir),
         landed=lambda job: landed.append(job.event_type),
@@ -120,7 +106,7 @@ def test_a_failed_merge_names_its_file_and_the_others_land(tmp_path: Path, sink_
     with pytest.raises(OSError, match="No space left"):
         rewrite_many(
             sink=sink,
-            manifest=_manifest(),
+            manifest=bare_manifest("merge"),
             save=lambda _m: None,
             rewrites=_jobs(tmp_path),
             touching=touched.append,

@@ -13,28 +13,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _telemetry_support import bare_manifest
 
 from esper.telemetry.compaction import compact_parts
-from esper.telemetry.manifest import Manifest, new_manifest
 from esper.telemetry.sink import ParquetSink
 
 ROWS = 4000
 SCRIBBLE_BYTES = 64
 TRIALS = 10
 TRAILER = 8  # footer length + "PAR1"
-
-
-def _manifest() -> Manifest:
-    return new_manifest(
-        run_id="r",
-        rank=0,
-        schema_version=1,
-        config_hash="",
-        parent_run_id="",
-        level="normal",
-        flush_interval_s=1.0,
-        first_seq=0,
-    )
 
 
 def _table(offset: int) -> pa.Table:
@@ -69,7 +56,7 @@ def test_a_damaged_part_is_never_merged(tmp_path: Path) -> None:
         with pytest.raises(OSError):
             compact_parts(
                 sink=sink,
-                manifest=_manifest(),
+                manifest=bare_manifest("r"),
                 save=lambda _m: None,
                 event_type="env_step",
                 inputs=[good, damaged],
@@ -103,7 +90,7 @@ def test_merge_from_held_tables_writes_what_a_merge_from_files_writes(tmp_path: 
         outputs[held] = tmp_path / f"merged-{held}.parquet"
         compact_parts(
             sink=sink,
-            manifest=_manifest(),
+            manifest=bare_manifest("r"),
             save=lambda _m: None,
             event_type="env_step",
             inputs=inputs,
@@ -117,7 +104,7 @@ def test_merge_from_held_tables_writes_what_a_merge_from_files_writes(tmp_path: 
     with pytest.raises(ValueError, match="2 tables given for 1 parts"):
         compact_parts(
             sink=sink,
-            manifest=_manifest(),
+            manifest=bare_manifest("r"),
             save=lambda _m: None,
             event_type="env_step",
             inputs=[outputs[True]],

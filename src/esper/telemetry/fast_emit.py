@@ -3,7 +3,7 @@
 One C call filters, checks, stamps and appends an event (about a quarter of the Python
 path's cost: benchmarks/README.md, "Native emit"). It is atomic under the GIL, so the
 hub's lock is not taken on the fast path; the writer takes events with operations an
-append cannot split (:meth:`esper.telemetry.writer.EventWriter.take_buffered`). Any case
+append cannot split (``EventWriter._take_buffered``). Any case
 off the fast path goes back to the hub's Python ``emit``, which stamps through the same
 counter (``Emitter.push``). Without the module (no C compiler, ``ESPER_NATIVE=0``, or a
 free-threaded interpreter) :func:`native_emitter` returns None and the hub keeps its
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from esper.telemetry._emit import Emitter
 
 _native = load_native("esper.telemetry._emit")
-#: The envelope fields the fast path stamps, in the order the module takes them.
-ENVELOPE_FIELDS: Final = ("run_id", "seq", "ts_ns", "rank")
+#: The envelope fields the hub stamps (the rest of the envelope is the producer's), in
+#: the order the module takes them.
+STAMPED_FIELDS: Final = ("run_id", "seq", "ts_ns", "rank")
 
 
 def native_emitter(
@@ -43,7 +44,7 @@ def native_emitter(
         return None
     emitter: Emitter = _native.Emitter(
         Event,
-        tuple(slot_descriptor(Event, name) for name in ENVELOPE_FIELDS),
+        tuple(slot_descriptor(Event, name) for name in STAMPED_FIELDS),
         {cls: int(lv) for cls, lv in EVENT_LEVELS.items()},
         buffer,
         capacity,
