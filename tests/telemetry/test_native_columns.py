@@ -13,6 +13,8 @@ import importlib.util
 import itertools
 import math
 import os
+import sys
+import threading
 import tracemalloc
 from typing import Any
 
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 
 from esper.core.native import MODULES, NATIVE_ENV, load_native, native_status
 from esper.telemetry import arrow_schema
-from esper.telemetry.arrow_schema import NATIVE_SLICE_EVENTS, events_to_table
+from esper.telemetry.arrow_schema import NATIVE_SLICE_EVENTS, events_to_table, events_to_tables
 from esper.telemetry.events import EVENT_TYPES, Event
 
 needs_native = pytest.mark.skipif(
@@ -52,10 +54,12 @@ def ipc_bytes(table: pa.Table) -> bytes:
 
 
 def assert_same_as_pyarrow(cls: type[Event], events: list[Event]) -> None:
-    native = events_to_table(cls, events)
+    """The native tables, read with the GIL held and with it released, are pyarrow's."""
     reference = events_to_table(cls, events, native=False)
-    assert native.schema.equals(reference.schema, check_metadata=True)
-    assert ipc_bytes(native) == ipc_bytes(reference)
+    for release_gil in (False, True):
+        native = events_to_tables({cls: events}, release_gil=release_gil)[cls]
+        assert native.schema.equals(reference.schema, check_metadata=True)
+        assert ipc_bytes(native) == ipc_bytes(reference)
 
 
 def test_the_native_converter_is_built_where_ci_runs() -> None:
@@ -151,8 +155,9 @@ def test_invalid_values_raise_what_pyarrow_raises(tag: str, fields: dict[str, An
     events = [edge_event(cls, 0), _with(cls, **fields)]
     with pytest.raises(Exception) as reference:
         events_to_table(cls, events, native=False)
-    with pytest.raises(type(reference.value)):
-        events_to_table(cls, events)
+    for release_gil in (False, True):
+        with pytest.raises(type(reference.value)):
+            events_to_tables({cls: events}, release_gil=release_gil)
 
 
 @needs_native
@@ -182,20 +187,116 @@ def test_out_of_range_slices_and_bad_plans_are_refused() -> None:
     other = arrow_schema._native_plan(EVENT_TYPES["run_started"])  # more, later slots
     with pytest.raises(TypeError, match="not a slot of"):
         native.convert(cls, events, other.descriptors[-1:], other.kinds[-1:], 0, 1)
+    good = (cls, events, descriptors, kinds, 0, 1)
+    with pytest.raises(IndexError):  # one bad job among good ones: nothing converted
+        native.convert_many([good, (cls, events, descriptors, kinds, 0, 2), good], True)
+    with pytest.raises(TypeError, match="a job is a tuple"):
+        native.convert_many([list(good)], True)
 
 
 @needs_native
-def test_repeated_conversions_do_not_grow_memory() -> None:
+@pytest.mark.parametrize("value", [Stage.TRAINING, "ünïcode", "\ud800"])
+def test_a_str_that_needs_the_gil_mid_slice_redoes_only_its_column(value: str) -> None:
+    """The GIL-free pass takes compact ASCII strs only: a str subclass, a non-ASCII str
+    or a lone surrogate part-way through a column sends that column to the pass with
+    the GIL, from its first row; every other column keeps its GIL-free values."""
+    cls = EVENT_TYPES["action_taken"]
+    events = [msgspec.structs.replace(edge_event(cls, 4), seq=i) for i in range(40)]
+    events[25] = msgspec.structs.replace(events[25], op=value)
+    if value == "\ud800":  # not UTF-8: pyarrow's own error, either way
+        for release_gil in (False, True):
+            with pytest.raises(UnicodeEncodeError):
+                events_to_tables({cls: events}, release_gil=release_gil)
+        return
+    assert_same_as_pyarrow(cls, events)
+
+
+@needs_native
+def test_one_call_converts_many_slices_like_one_call_each() -> None:
+    """``convert_many`` returns what ``convert`` returns for each job, declined ones
+    included, whether it releases the GIL or not."""
+    native = arrow_schema._native
+    assert native is not None
+    jobs = []
+    for i, tag in enumerate(("counterfactual_computed", "env_step", "action_taken")):
+        cls = EVENT_TYPES[tag]
+        plan = arrow_schema._native_plan(cls)
+        events = [edge_event(cls, v % 6) for v in range(30 + i)]
+        jobs += [(cls, events, *plan[:2], 0, 10), (cls, events, *plan[:2], 10, 30 + i)]
+    step = EVENT_TYPES["env_step"]
+    odd = [_with(step, train_loss=1)]
+    jobs.append((step, odd, *arrow_schema._native_plan(step)[:2], 0, 1))
+
+    def flat(result: Any) -> Any:
+        if result is None or isinstance(result, list | tuple):
+            return None if result is None else [flat(r) for r in result]
+        return bytes(memoryview(result))
+
+    expected = [flat(native.convert(*job)) for job in jobs]
+    assert expected[-1] is None
+    for release_gil in (False, True):
+        assert [flat(r) for r in native.convert_many(jobs, release_gil)] == expected
+
+
+def _runs_during_conversion(job: tuple[Any, ...], release_gil: bool) -> bool:
+    """Whether this thread ran while another was inside ``convert_many(job)``.
+
+    Deterministic: with a switch interval far longer than the test, the converting
+    thread gives up the GIL only where it releases it. This thread, woken by
+    ``started``, can run before the conversion returns only if it was released; it
+    then sees ``converting`` still set."""
+    native = arrow_schema._native
+    assert native is not None
+    state = {"converting": False}
+    started = threading.Event()
+
+    def convert() -> None:
+        state["converting"] = True
+        started.set()
+        native.convert_many([job], release_gil)
+        state["converting"] = False
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        worker = threading.Thread(target=convert)
+        worker.start()
+        started.wait()
+        seen = state["converting"]
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return seen
+
+
+@needs_native
+def test_a_batch_is_converted_with_the_gil_released() -> None:
+    """Another thread runs while ``convert_many(..., True)`` reads the events, and not
+    while ``convert_many(..., False)`` does."""
+    cls = EVENT_TYPES["env_step"]
+    events = [edge_event(cls, v % 6) for v in range(2000)]
+    job = (cls, events, *arrow_schema._native_plan(cls)[:2], 0, len(events))
+    assert _runs_during_conversion(job, release_gil=True)
+    assert not _runs_during_conversion(job, release_gil=False)
+
+
+@needs_native
+@pytest.mark.parametrize("release_gil", [False, True])
+def test_repeated_conversions_do_not_grow_memory(release_gil: bool) -> None:
     """Buffers and arrays are released (a reference leak would grow with every call)."""
     cls = EVENT_TYPES["counterfactual_computed"]
     events = list(itertools.islice(itertools.cycle(edge_event(cls, v) for v in range(6)), 2000))
     one_call = len(ipc_bytes(events_to_table(cls, events)))
+
+    def convert() -> None:
+        events_to_tables({cls: events}, release_gil=release_gil)
+
     tracemalloc.start()
     try:
-        events_to_table(cls, events)
+        convert()
         baseline, _ = tracemalloc.get_traced_memory()
         for _ in range(50):
-            events_to_table(cls, events)
+            convert()
         grown, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

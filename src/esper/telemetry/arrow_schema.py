@@ -11,6 +11,7 @@ field; floats keep NaN and infinities as values (never nulls).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -30,6 +31,10 @@ CONVERT_SLICE_EVENTS: Final = 1024
 #: Events per native conversion: its cost per slice (an Arrow array per column) is paid
 #: once per this many events, and the buffers it fills stay a few MB.
 NATIVE_SLICE_EVENTS: Final = 16384
+#: A conversion of this many events reads its values with the GIL released (the
+#: producer's thread runs meanwhile); a smaller one keeps the GIL rather than wait up
+#: to a switch interval (5 ms) to take it back while the producer runs Python.
+RELEASE_GIL_EVENTS: Final = 4096
 #: Arrow string and list offsets are int32.
 _OFFSET_BYTES: Final = 4
 
@@ -85,32 +90,57 @@ def event_schema(cls: type[Event]) -> pa.Schema:
 
 
 def events_to_table(cls: type[Event], events: list[Event], *, native: bool = True) -> pa.Table:
-    """Columnar table of events that all have exactly type ``cls``.
+    """Columnar table of events that all have exactly type ``cls`` (see
+    :func:`events_to_tables`)."""
+    return events_to_tables({cls: events}, native=native)[cls]
+
+
+def events_to_tables(
+    groups: Mapping[type[Event], list[Event]],
+    *,
+    native: bool = True,
+    release_gil: bool | None = None,
+) -> dict[type[Event], pa.Table]:
+    """One columnar table per type, of events that all have exactly that type.
 
     With the native converter (:mod:`esper.telemetry._columns`, built at install where a
     C compiler is present; ``native=False`` or ``ESPER_NATIVE=0`` leave it out)
     each slice's field values go straight from the Structs' slots into Arrow buffers:
-    0.37 against 1.12 us per event on the writer benchmark's mix. A slice it declines (a
-    value outside the catalogue's shapes) and every slice without it go through
-    :func:`_arrow_slice`. The table is the same either way, bit for bit.
+    0.37 against 1.12 us per event on the writer benchmark's mix. Every slice of every
+    type is converted in one call that reads most values with the GIL released, so a
+    producer thread keeps running (``release_gil``; None: from :data:`RELEASE_GIL_EVENTS`
+    events on). A
+    slice it declines (a value outside the catalogue's shapes) and every slice without
+    it go through :func:`_arrow_slice`. The tables are the same either way, bit for bit.
     """
-    schema = event_schema(cls)
-    if not events:
-        return schema.empty_table()
-    plan = _native_plan(cls) if native and _native is not None else None
-    slice_events = NATIVE_SLICE_EVENTS if plan is not None else CONVERT_SLICE_EVENTS
-    chunks: list[list[pa.Array]] = [[] for _ in cls.__struct_fields__]
-    for start in range(0, len(events), slice_events):
-        stop = min(start + slice_events, len(events))
-        arrays = None if plan is None else _native_slice(cls, events, start, stop, plan)
-        if arrays is None:
-            arrays = _arrow_slice(cls, events[start:stop])
-        for column, array in zip(chunks, arrays, strict=True):
-            column.append(array)
-    fields = dict(zip(cls.__struct_fields__, chunks, strict=True))
-    return pa.Table.from_arrays(
-        [pa.chunked_array(fields[f.name], type=f.type) for f in schema], schema=schema
-    )
+    plans = {cls: _native_plan(cls) for cls in groups} if native and _native else None
+    slice_events = CONVERT_SLICE_EVENTS if plans is None else NATIVE_SLICE_EVENTS
+    bounds = {cls: _slices(len(events), slice_events) for cls, events in groups.items()}
+    if release_gil is None:
+        release_gil = sum(len(events) for events in groups.values()) >= RELEASE_GIL_EVENTS
+    converted = iter(() if plans is None else _native_slices(groups, bounds, plans, release_gil))
+    tables = {}
+    for cls, events in groups.items():
+        schema = event_schema(cls)
+        chunks: list[list[pa.Array]] = [[] for _ in cls.__struct_fields__]
+        for start, stop in bounds[cls]:
+            arrays = next(converted, None)
+            if arrays is None:
+                arrays = _arrow_slice(cls, events[start:stop])
+            for column, array in zip(chunks, arrays, strict=True):
+                column.append(array)
+        if not events:
+            tables[cls] = schema.empty_table()
+            continue
+        fields = dict(zip(cls.__struct_fields__, chunks, strict=True))
+        tables[cls] = pa.Table.from_arrays(
+            [pa.chunked_array(fields[f.name], type=f.type) for f in schema], schema=schema
+        )
+    return tables
+
+
+def _slices(n: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def _arrow_slice(cls: type[Event], events: list[Event]) -> list[pa.Array]:
@@ -171,27 +201,39 @@ def slot_descriptor(cls: type, name: str) -> object:
     raise AttributeError(f"{cls.__name__} has no slot for field {name!r}")
 
 
-def _native_slice(
-    cls: type[Event], events: list[Event], start: int, stop: int, plan: _NativePlan
-) -> list[pa.Array] | None:
-    """``events[start:stop]``'s columns from the native buffers; None if it declines."""
+def _native_slices(
+    groups: Mapping[type[Event], list[Event]],
+    bounds: dict[type[Event], list[tuple[int, int]]],
+    plans: dict[type[Event], _NativePlan],
+    release_gil: bool,
+) -> list[list[pa.Array] | None]:
+    """Every slice's columns from one native call, in ``groups``/``bounds`` order (None
+    where it declines a slice)."""
     assert _native is not None
-    buffers = _native.convert(cls, events, plan.descriptors, plan.kinds, start, stop)
-    if buffers is None:
-        return None
-    n = stop - start
-    return [_array(t, n, b) for t, b in zip(plan.types, buffers, strict=True)]
+    jobs = [
+        (cls, events, plans[cls].descriptors, plans[cls].kinds, start, stop)
+        for cls, events in groups.items()
+        for start, stop in bounds[cls]
+    ]
+    found = _native.convert_many(jobs, release_gil)
+    return [
+        None
+        if buffers is None
+        else [_array(t, stop - start, b) for t, b in zip(plans[cls].types, buffers, strict=True)]
+        for (cls, _, _, _, start, stop), buffers in zip(jobs, found, strict=True)
+    ]
 
 
-def _array(dtype: pa.DataType, n: int, buffers: bytes | tuple[Any, Any]) -> pa.Array:
+def _array(dtype: pa.DataType, n: int, buffers: Any) -> pa.Array:
     """An Arrow array over the native converter's buffers (no copy, no nulls): the values
-    (int64, float64, bool), (offsets, data) for strings, (offsets, items) for lists."""
-    if isinstance(buffers, bytes):
+    (int64, float64, bool), (offsets, data) for strings, (offsets, items) for lists;
+    each buffer an object of the buffer protocol that owns its memory."""
+    if not isinstance(buffers, tuple):
         return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(buffers)])
     offsets, rest = buffers
     if not pa.types.is_list(dtype):
         return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(offsets), pa.py_buffer(rest)])
-    items = int.from_bytes(offsets[-_OFFSET_BYTES:], "little", signed=True)
+    items = int.from_bytes(memoryview(offsets)[-_OFFSET_BYTES:], "little", signed=True)
     child = _array(dtype.value_type, items, rest)
     return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(offsets)], children=[child])
 

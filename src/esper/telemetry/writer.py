@@ -59,7 +59,7 @@ import pyarrow as pa
 
 from esper.core.enums import RunStatus
 from esper.errors import EsperError
-from esper.telemetry.arrow_schema import event_schema, events_to_table
+from esper.telemetry.arrow_schema import event_schema, events_to_tables
 from esper.telemetry.compaction import Rewrite, merge, rewrite_many
 from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
 from esper.telemetry.journal import group_by_type, journal_rank_dir, journal_table
@@ -398,8 +398,10 @@ class EventWriter:
         list per type in ``seq`` order, with the rows of each not yet counted."""
         counted = self.manifest.last_seq  # journalled events are counted already
         for events in (self._pending, batch):
-            for tag, found in group_by_type(events).items():
-                table = events_to_table(EVENT_TYPES[tag], found)
+            groups = group_by_type(events)
+            tables = events_to_tables({EVENT_TYPES[tag]: found for tag, found in groups.items()})
+            for tag, found in groups.items():
+                table = tables[EVENT_TYPES[tag]]
                 self._unwritten.setdefault(tag, []).append(table)
                 uncounted = len(found) - bisect.bisect_right(found, counted, key=_seq)
                 self._uncounted[tag] = self._uncounted.get(tag, 0) + uncounted
