@@ -12,7 +12,8 @@ setup(
     ext_modules=[
         Extension(
             "esper.telemetry._columns",
-            sources=["src/esper/telemetry/_columns.c"],
+            sources=["src/esper/telemetry/_columns.c", "src/esper/telemetry/_columns_values.c"],
+            depends=["src/esper/telemetry/_columns_values.h"],
             optional=True,
         ),
         Extension(
