@@ -179,3 +179,11 @@ def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> 
             assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
         assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
         assert 0.0 <= r["structure_batched_share"] <= 1.0
+
+
+def test_conversion_variants(tmp_path: Path) -> None:
+    data = run_script("convert", tmp_path)
+    v = data["variants"]
+    assert set(v) == {"pyarrow", "native, GIL held", "native, GIL released"}
+    for r in v.values():
+        assert positive(r["ns_per_event"]) and len(r["samples_ns_per_event"]) == 1
