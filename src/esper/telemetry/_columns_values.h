@@ -14,7 +14,7 @@ typedef struct {
     Py_ssize_t cap;
 } Buf;
 
-/* Kinds, one byte per field (see arrow_schema._FIELD_KINDS). */
+/* Kinds, one byte per field (see arrow_schema._KINDS). */
 enum {
     K_INT = 'q', K_FLOAT = 'd', K_BOOL = '?', K_STR = 's',
     K_LIST_INT = 'Q', K_LIST_FLOAT = 'D', K_LIST_BOOL = 'B', K_LIST_STR = 'S',

@@ -109,9 +109,9 @@ def events_to_tables(
     0.37 against 1.12 us per event on the writer benchmark's mix. Every slice of every
     type is converted in one call that reads most values with the GIL released, so a
     producer thread keeps running (``release_gil``; None: from :data:`RELEASE_GIL_EVENTS`
-    events on). A
-    slice it declines (a value outside the catalogue's shapes) and every slice without
-    it go through :func:`_arrow_slice`. The tables are the same either way, bit for bit.
+    events on; ``benchmarks/convert.py``: the same CPU per event either way). A slice
+    it declines (a value outside the catalogue's shapes) and every slice without it go
+    through :func:`_arrow_slice`. The tables are the same either way, bit for bit.
     """
     plans = {cls: _native_plan(cls) for cls in groups} if native and _native else None
     slice_events = CONVERT_SLICE_EVENTS if plans is None else NATIVE_SLICE_EVENTS
