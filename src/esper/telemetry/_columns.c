@@ -25,8 +25,16 @@
  * sized once where their length is known, and go to Arrow without a copy: with one
  * read of each event (cache-cold: another thread wrote it last) this costs the same
  * CPU per event as the single pass with the GIL held (benchmarks/convert.py).
+ *
+ * The pass "with the GIL held" is what keeps a list from changing while it is read: on
+ * a free-threaded build the module refuses to compile (the build is optional, and
+ * pyarrow converts instead).
  */
 #include "_columns_values.h"
+
+#ifdef Py_GIL_DISABLED
+#error "the column converter relies on the GIL; setup.py skips it on free-threaded builds"
+#endif
 
 #include <string.h>
 
