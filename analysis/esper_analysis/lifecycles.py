@@ -10,38 +10,30 @@ alive at the end, the time from entering its last stage to the episode's end ste
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar, Final
 
 import numpy as np
 import polars as pl
 
 from esper.core.enums import SeedStage
+from esper_analysis.dense_lifecycles import dense_tables
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
+from esper_analysis.seed_events import (
+    COLUMNS,
+    EPISODE_KEY,
+    INT_KEY,
+    LIVE_STAGES,
+    SEED_HASH,
+    SEED_KEY,
+    TIMELINE_STAGES,
+    derived_seed_columns,
+    duration_column,
+    order_key,
+    read_seed_events,
+)
 
-SEED_KEY: Final = ["run_id", "rank", "round", "env", "slot", "seed_id"]
-#: Stages a seed lives through before its end, in order (durations are reported for them).
-LIVE_STAGES: Final = (
-    SeedStage.GERMINATED.value,
-    SeedStage.TRAINING.value,
-    SeedStage.BLENDING.value,
-    SeedStage.HOLDING.value,
-)
-#: Stages drawn on the timeline (live stages plus the permanent one).
-TIMELINE_STAGES: Final = (*LIVE_STAGES, SeedStage.FOSSILIZED.value)
-_EPISODE_KEY: Final = ["run_id", "rank", "round", "env"]
-SEED_EVENT_TYPES: Final = (
-    "seed_germinated",
-    "seed_stage_changed",
-    "seed_fossilized",
-    "seed_pruned",
-)
-#: A 64-bit hash of :data:`SEED_KEY`: joining and sorting on one integer instead of six
-#: columns (three of them strings) makes this analysis several times cheaper. Used only
-#: where it is collision-free for the run (checked); otherwise the key columns are used.
-SEED_HASH: Final = "_seed_hash"
-HASH_SEED: Final = 0
+__all__ = ["LIVE_STAGES", "TIMELINE_STAGES", "Lifecycles", "seed_lifecycles", "with_stage"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,34 +68,6 @@ class Lifecycles(AnalysisResult):
     alive: int
 
 
-def _duration_column(stage: str) -> str:
-    return f"epochs_{stage.lower()}"
-
-
-#: Integer parts of :data:`SEED_KEY`, carried through the sorts (strings are joined last).
-_INT_KEY: Final = ["rank", "round", "env"]
-#: The columns read per seed event type (besides :data:`SEED_KEY`).
-_COLUMNS: Final = {
-    "seed_germinated": ("seq", "step", "blueprint", "params"),
-    "seed_stage_changed": ("seq", "step", "from_stage", "to_stage", "epochs_in_prev_stage"),
-    "seed_fossilized": ("seq", "step", "contribution"),
-    "seed_pruned": ("seq", "step", "reason", "initiator", "stage_at_prune", "contribution"),
-}
-#: An order key packs its integer columns into one Int64 when their spans fit this.
-_MAX_PACKED: Final = 2**62
-
-
-def _hashed(run: Run, event_type: str) -> pl.LazyFrame:
-    return run.scan(event_type).with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
-
-
-def _read(run: Run) -> dict[str, pl.DataFrame]:
-    """The four seed event types, read once in parallel with the seed key, its hash and
-    only the columns used later: every step after works on these frames."""
-    plans = [_hashed(run, t).select(*SEED_KEY, SEED_HASH, *cols) for t, cols in _COLUMNS.items()]
-    return dict(zip(_COLUMNS, pl.collect_all(plans), strict=True))
-
-
 def _seed_keys(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
     """Every distinct seed (``SEED_KEY`` plus its hash) named by any seed event."""
     distinct = pl.concat([f.lazy().select(*SEED_KEY, SEED_HASH) for f in frames.values()])
@@ -115,7 +79,7 @@ def _narrow(frames: dict[str, pl.DataFrame], key: list[str]) -> dict[str, pl.Dat
     them); on the six-column key, the frames as read."""
     if key != [SEED_HASH]:
         return frames
-    return {t: f.select(*dict.fromkeys([*key, *_INT_KEY]), *_COLUMNS[t]) for t, f in frames.items()}
+    return {t: f.select(*dict.fromkeys([*key, *INT_KEY]), *COLUMNS[t]) for t, f in frames.items()}
 
 
 def _join_key(keys: pl.DataFrame) -> list[str]:
@@ -127,7 +91,7 @@ def _join_key(keys: pl.DataFrame) -> list[str]:
 def _starts(frames: dict[str, pl.DataFrame], key: list[str]) -> pl.DataFrame:
     """Germinations and stage changes, sorted by seed then ``seq``: the one sort both the
     stage durations and the timeline segments are read from."""
-    cols = [*dict.fromkeys([*key, *_INT_KEY]), "seq", "step"]
+    cols = [*dict.fromkeys([*key, *INT_KEY]), "seq", "step"]
     germ = frames["seed_germinated"].select(*cols, stage=pl.lit(SeedStage.GERMINATED.value))
     changes = frames["seed_stage_changed"].select(
         *cols, "from_stage", "epochs_in_prev_stage", stage="to_stage"
@@ -143,7 +107,7 @@ def _stage_durations(starts: pl.DataFrame, key: list[str]) -> pl.LazyFrame:
             pl.col("epochs_in_prev_stage")
             .filter(pl.col("from_stage") == stage)
             .sum()
-            .alias(_duration_column(stage))
+            .alias(duration_column(stage))
             for stage in LIVE_STAGES
         ),
         last_stage=pl.col("stage").last(),
@@ -178,57 +142,17 @@ def _seed_table(
             prune_contribution="contribution",
         )
     )
-    episodes = run.scan("episode_finished").select(*_EPISODE_KEY, episode_end_step="step")
-    outcome = (
-        pl.when(pl.col("fossil_step").is_not_null())
-        .then(pl.lit("fossilized"))
-        .when(pl.col("prune_step").is_not_null())
-        .then(pl.lit("pruned"))
-        .otherwise(pl.lit("alive"))
-    )
-    entered = pl.coalesce("last_change_step", "germinated_step")
-    open_epochs = pl.col("episode_end_step") - entered
-    current = pl.coalesce("last_stage", pl.lit(SeedStage.GERMINATED.value))
-    add_open = [
-        pl.when((pl.col("outcome") == "alive") & (current == stage))
-        .then(pl.col(_duration_column(stage)).fill_null(0) + open_epochs)
-        .otherwise(pl.col(_duration_column(stage)).fill_null(0))
-        .alias(_duration_column(stage))
-        for stage in LIVE_STAGES
-    ]
-    return (
+    episodes = run.scan("episode_finished").select(*EPISODE_KEY, episode_end_step="step")
+    joined = (
         keys.lazy()
         .join(germ, on=key, how="left", nulls_equal=True)
         .join(durations, on=key, how="left", nulls_equal=True)
         .join(fossil, on=key, how="left", nulls_equal=True)
         .join(pruned, on=key, how="left", nulls_equal=True)
-        .join(episodes, on=_EPISODE_KEY, how="left")
-        .with_columns(outcome=outcome)
-        .with_columns(add_open)
-        .with_columns(
-            ended_step=pl.coalesce("fossil_step", "prune_step", "episode_end_step"),
-            contribution=pl.coalesce("fossil_contribution", "prune_contribution"),
-            final_stage=pl.when(pl.col("outcome") == "pruned")
-            .then(pl.col("stage_at_prune"))
-            .otherwise(current),
-        )
-        .with_columns(lifetime_epochs=pl.col("ended_step") - pl.col("germinated_step"))
-        .select(
-            *SEED_KEY,
-            SEED_HASH,
-            "blueprint",
-            "outcome",
-            "final_stage",
-            "germinated_step",
-            "ended_step",
-            "lifetime_epochs",
-            "episode_end_step",
-            *(_duration_column(s) for s in LIVE_STAGES),
-            "contribution",
-            "reason",
-            "initiator",
-            "params",
-        )
+        .join(episodes, on=EPISODE_KEY, how="left")
+    )
+    return (
+        derived_seed_columns(joined, SEED_HASH)
         # seed_id last: every tie broken, so the table's row order is deterministic
         .sort(
             "run_id",
@@ -241,26 +165,6 @@ def _seed_table(
             nulls_last=True,
         )
     )
-
-
-def _order(frame: pl.DataFrame, columns: list[str]) -> list[str | pl.Expr]:
-    """Sort keys equivalent to ``columns`` (non-null integers): one packed Int64 when the
-    columns' spans fit in it (a sort on one integer instead of several), else as is."""
-    if frame.is_empty():
-        return list(columns)
-    bounds = frame.select(
-        *(pl.col(c).min().alias(f"lo_{c}") for c in columns),
-        *(pl.col(c).max().alias(f"hi_{c}") for c in columns),
-    ).row(0, named=True)
-    if any(bounds[f"lo_{c}"] is None for c in columns):
-        return list(columns)
-    spans = [int(bounds[f"hi_{c}"]) - int(bounds[f"lo_{c}"]) + 1 for c in columns]
-    if math.prod(spans) >= _MAX_PACKED:
-        return list(columns)
-    packed = pl.lit(0, dtype=pl.Int64)
-    for c, span in zip(columns, spans, strict=True):
-        packed = packed * span + (pl.col(c).cast(pl.Int64) - int(bounds[f"lo_{c}"]))
-    return [packed]
 
 
 def _segments(
@@ -281,23 +185,40 @@ def _segments(
         .filter(pl.col("stage").is_in(TIMELINE_STAGES))
         .join(ends.lazy(), on=key, how="left", nulls_equal=True, maintain_order="left")
         .with_columns(end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"))
-        .select(*dict.fromkeys([*key, *_INT_KEY]), "seq", "stage", "step", "end_step")
+        .select(*dict.fromkeys([*key, *INT_KEY]), "seq", "stage", "step", "end_step")
         .collect()
     )
-    by = [*_INT_KEY, "step"]
+    by = [*INT_KEY, "step"]
     if key == [SEED_HASH]:  # one run id sorts like none; several: sort on it first
         if keys["run_id"].n_unique() > 1:
             run_ids = keys.select(SEED_HASH, "run_id")
             pieces = pieces.join(run_ids, on=SEED_HASH, how="left", maintain_order="left")
             by = ["run_id", *by]
-        ordered = pieces.sort(*_order(pieces, [*by, "seq"]) if by[0] != "run_id" else [*by, "seq"])
-        names = keys.select(SEED_HASH, *(c for c in SEED_KEY if c not in _INT_KEY))
+        ordered = pieces.sort(
+            *order_key(pieces, [*by, "seq"]) if by[0] != "run_id" else [*by, "seq"]
+        )
+        names = keys.select(SEED_HASH, *(c for c in SEED_KEY if c not in INT_KEY))
         ordered = ordered.drop("run_id", strict=False).join(
             names, on=SEED_HASH, how="left", maintain_order="left"
         )
     else:
         ordered = pieces.sort("run_id", *by, "seq")
     return ordered.select(*SEED_KEY, "stage", start_step="step", end_step="end_step")
+
+
+def _keyed_tables(run: Run, frames: dict[str, pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Seed table and segments by joins on the seed key (or its hash where that is
+    collision-free): the general way, for any mix of seed events."""
+    keys = _seed_keys(frames)
+    key = _join_key(keys)
+    frames = _narrow(frames, key)
+    starts = _starts(frames, key)
+    seeds_with_hash = _seed_table(run, frames, keys, key, _stage_durations(starts, key)).collect()
+    del frames  # peak memory: the event frames are not needed past this point
+    segments = _segments(
+        starts.drop("from_stage", "epochs_in_prev_stage"), seeds_with_hash, keys, key
+    )
+    return seeds_with_hash.drop(SEED_HASH), segments
 
 
 def _by_blueprint(seeds: pl.DataFrame) -> pl.DataFrame:
@@ -379,18 +300,9 @@ _BY_BLUEPRINT_SCHEMA: Final = {
 
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    frames = _read(run)
-    keys = _seed_keys(frames)
-    key = _join_key(keys)
-    frames = _narrow(frames, key)
-    starts = _starts(frames, key)
-    seeds_with_hash = _seed_table(run, frames, keys, key, _stage_durations(starts, key)).collect()
-    del frames  # peak memory: the event frames are not needed past this point
-    seeds = seeds_with_hash.drop(SEED_HASH)
-    segments = _segments(
-        starts.drop("from_stage", "epochs_in_prev_stage"), seeds_with_hash, keys, key
-    )
-    del starts
+    frames = read_seed_events(run)
+    tables = dense_tables(run, frames)  # None where its preconditions do not hold
+    seeds, segments = tables if tables is not None else _keyed_tables(run, frames)
     outcomes = seeds["outcome"].value_counts()
     count = dict(zip(outcomes["outcome"].to_list(), outcomes["count"].to_list(), strict=True))
     return Lifecycles(

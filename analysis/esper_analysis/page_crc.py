@@ -248,9 +248,15 @@ def _chunk_ranges(meta: pq.FileMetaData) -> list[tuple[int, int, int, int]]:
         rg = meta.row_group(group)
         for column in range(rg.num_columns):
             chunk = rg.column(column)
-            start = chunk.data_page_offset
-            if chunk.has_dictionary_page and chunk.dictionary_page_offset:
-                start = min(start, chunk.dictionary_page_offset)
+            # Offset 0 is the file's magic, never a page: a chunk of an empty row group
+            # has no data page (offset 0) and at most a dictionary page.
+            offsets = [chunk.data_page_offset]
+            if chunk.has_dictionary_page:
+                offsets.append(chunk.dictionary_page_offset)
+            pages = [o for o in offsets if o]
+            if not pages and not chunk.total_compressed_size:
+                continue  # nothing written for this chunk
+            start = min(pages, default=0)
             ranges.append(
                 (
                     start,

@@ -69,50 +69,93 @@ _MAX_DIRECT_CODES: Final = 4
 
 class _Partials:
     """Row counts, sums and non-null counts of every summed column per finest group
-    (rank, round, env, op), accumulated by ``np.bincount`` in row order. Every table is
-    a roll-up of these partials, so the large frame is converted and grouped once."""
+    (rank, round, env, op), accumulated in row order. Every table is a roll-up of these
+    partials, so the large frame is grouped once and its columns are read in place."""
 
     def __init__(self, df: pl.DataFrame) -> None:
         self.radix = _mixed_radix(df, _FINE) if df.height else None
         #: The finest groups' mixed-radix codes (group ``g`` is ``codes[g]``), radix path.
         self.codes = np.empty(0, dtype=np.int64)
+        self._digits: dict[int, np.ndarray] = {}
         if self.radix is None:
-            group, n, self.keys = _key_grouped(df, _FINE)
+            group, n, self._keys = _key_grouped(df, _FINE)
+            used = None
         else:
-            group, self.codes, self.keys = _radix_grouped(df, self.radix)
-            n = len(self.codes)
-        self.rows = np.bincount(group, minlength=n)
+            # Sum straight into one slot per code, and keep the codes in use: no pass
+            # over the rows to renumber them first.
+            group = df.select(self.radix.code).to_series().to_numpy()
+            n = self.radix.size
+        rows = np.bincount(group, minlength=n)
+        if self.radix is not None:
+            used = np.flatnonzero(rows)
+            self.codes = used
+        self.rows = rows if used is None else rows[used]
         self.sums: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
         for c in _SUMMED:
             col = df[c].cast(pl.Float64)
             nulls = col.null_count()
-            values = col.fill_null(0.0).to_numpy() if nulls else col.to_numpy()
-            self.sums[c] = np.bincount(group, weights=values, minlength=n)
-            self.present[c] = (
-                np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
-                if nulls
-                else self.rows
-            )
+            sums = _sums_in_row_order(col.fill_null(0.0) if nulls else col, group, n)
+            self.sums[c] = sums if used is None else sums[used]
+            if nulls:
+                present = np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
+                self.present[c] = present if used is None else present[used]
+            else:
+                self.present[c] = self.rows
 
     def rolled_up(self, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
         """Group id per finest group for ``keys``, the number of groups and their key
         values. On the mixed-radix path each key's digit is arithmetic on the finest
         group's code (no second grouping of the key frame)."""
         if self.radix is None:
-            return _grouped(self.keys, keys)
+            return _grouped(self._keys, keys)
         sizes = [len(values) for values in self.radix.digits]
-        strides = np.cumprod([1, *sizes[:0:-1]])[::-1]  # of each key's digit in the code
         code = np.zeros(len(self.codes), dtype=np.int64)
         size = 1
         digits = []
         for key in keys:
             i = _FINE.index(key)
-            code = code * sizes[i] + (self.codes // strides[i]) % sizes[i]
+            code = code * sizes[i] + self._digit(i)
             size *= sizes[i]
             digits.append(self.radix.digits[i])
         group, used, key_values = _decoded(code, size, digits)
         return group, len(used), key_values
+
+    def _digit(self, i: int) -> np.ndarray:
+        """Key ``i``'s digit of every finest group's code, computed once for all tables."""
+        if i not in self._digits:
+            assert self.radix is not None
+            sizes = [len(values) for values in self.radix.digits]
+            stride = int(np.prod(sizes[i + 1 :], dtype=np.int64))
+            self._digits[i] = (self.codes // stride) % sizes[i]
+        return self._digits[i]
+
+    @property
+    def keys(self) -> pl.DataFrame:
+        """Each finest group's key values (decoded on demand on the radix path: the
+        tables decode only their own keys)."""
+        if self.radix is None:
+            return self._keys
+        return _key_values(self.codes, self.radix.digits)
+
+    @property
+    def groups(self) -> int:
+        """The number of finest groups."""
+        return len(self.rows)
+
+
+def _sums_in_row_order(values: pl.Series, group: np.ndarray, n: int) -> np.ndarray:
+    """Per-group sums of ``values`` (no nulls) added in row order, chunk by chunk: each
+    chunk is read in place (a contiguous copy of the column would cost more than the
+    sums), and ``np.add.at`` adds in the same order as one ``np.bincount`` over the
+    whole column, so the bits do not depend on how the column is chunked."""
+    out = np.zeros(n)
+    start = 0
+    for chunk in values.get_chunks():
+        stop = start + chunk.len()
+        np.add.at(out, group[start:stop], chunk.to_numpy())
+        start = stop
+    return out
 
 
 def _renumber(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,12 +250,17 @@ def _decoded(
     """Dense group ids of mixed-radix ``code`` values, the codes in use (group ``g`` is
     code ``used[g]``), and each group's key values decoded from its code."""
     group, used = _renumber(code, size)
-    rest = used.copy()
+    return group, used, _key_values(used, digits)
+
+
+def _key_values(codes: np.ndarray, digits: list[pl.Series]) -> pl.DataFrame:
+    """Each mixed-radix code's key values, one column per digit."""
+    rest = codes.copy()
     columns = []
     for values in reversed(digits):
         columns.append(values.gather(rest % len(values)))
         rest //= len(values)
-    return group, used, pl.DataFrame(columns[::-1])
+    return pl.DataFrame(columns[::-1])
 
 
 def _grouped(df: pl.DataFrame, keys: list[str]) -> tuple[np.ndarray, int, pl.DataFrame]:
@@ -248,11 +296,10 @@ def _group_sums(partials: _Partials, keys: list[str], *, mean: bool = False) -> 
     """Row count plus the sum (or mean, over non-null values) of every component and of
     the total per key, rolled up from the partials in their fixed order. Nulls (a
     component an older schema lacks) are skipped, like polars' own sum and mean."""
-    fine = partials.keys
-    if not fine.height:
+    if not partials.groups:
         empty = [pl.Series("rows", [], dtype=pl.UInt32)]
         empty += [pl.Series(c, [], dtype=pl.Float64) for c in _SUMMED]
-        return fine.select(keys).with_columns(empty)
+        return partials.keys.select(keys).with_columns(empty)
     group, n, key_values = partials.rolled_up(keys)
     out = [
         pl.Series("rows", np.bincount(group, weights=partials.rows, minlength=n), dtype=pl.UInt32)

@@ -1,11 +1,13 @@
 """The fast paths of the analyses give the same answers as the plain ones.
 
-Counts histogram the envelope columns; lifecycles join on a 64-bit hash of the seed
-key when it is collision-free. Each is compared with a direct computation.
+Counts histogram the envelope columns; lifecycles work on dense seed ids when every seed
+has one germination, else join on a 64-bit hash of the seed key when it is
+collision-free. Each is compared with a direct computation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +16,14 @@ import pyarrow.parquet as pq
 from _analysis_support import emit_run
 from conftest import Crashed, copy_run, rewrite_part
 from esper_analysis import counts as counts_module
+from esper_analysis import dense_lifecycles as dense
 from esper_analysis import event_counts, load_run
 from esper_analysis import lifecycles as lc
 from esper_analysis import loader as loader_module
 from esper_analysis import rewards as rw
 from esper_analysis.loader import Run
 from esper_analysis.rewards import reward_breakdown
+from esper_analysis.seed_events import HASH_SEED
 
 
 def test_counts_match_a_plain_group_by(scripted_run: Path) -> None:
@@ -61,7 +65,7 @@ def _sorted(df: pl.DataFrame) -> pl.DataFrame:
 
 def test_lifecycles_on_the_hash_equal_the_six_column_key(scripted_run: Path) -> None:
     run = load_run(scripted_run)
-    read = lc._read(run)
+    read = lc.read_seed_events(run)
     keys = lc._seed_keys(read)
     assert lc._join_key(keys) == [lc.SEED_HASH]
     assert keys.height > 0
@@ -105,6 +109,116 @@ def test_a_hash_collision_falls_back_to_the_key_columns() -> None:
         }
     )
     assert lc._join_key(keys) == list(lc.SEED_KEY)
+
+
+def _both_ways(
+    run: Run,
+) -> tuple[tuple[pl.DataFrame, pl.DataFrame] | None, tuple[pl.DataFrame, pl.DataFrame]]:
+    frames = lc.read_seed_events(run)
+    return dense.dense_tables(run, frames), lc._keyed_tables(run, frames)
+
+
+def _assert_same_tables(
+    ours: tuple[pl.DataFrame, pl.DataFrame] | None, keyed: tuple[pl.DataFrame, pl.DataFrame]
+) -> None:
+    assert ours is not None
+    for a, b in zip(ours, keyed, strict=True):
+        assert a.schema == b.schema
+        assert a.equals(b, null_equal=True)  # same rows in the same order
+
+
+def test_dense_seed_ids_give_the_keyed_tables(scripted_run: Path) -> None:
+    ours, keyed = _both_ways(load_run(scripted_run))
+    _assert_same_tables(ours, keyed)
+    assert keyed[0]["outcome"].n_unique() == 3  # fossilized, pruned and alive all covered
+    assert keyed[1].height > keyed[0].height  # several stages per seed
+
+
+def test_dense_seed_ids_on_synthetic_runs_of_several_sizes(tmp_path: Path) -> None:
+    from esper_analysis.synth import synthesize_run
+
+    for n, seed in ((3_000, 1), (40_000, 2)):
+        synthesize_run(tmp_path / f"s{n}", n, seed=seed)
+        ours, keyed = _both_ways(load_run(tmp_path / f"s{n}"))
+        _assert_same_tables(ours, keyed)
+        assert keyed[0]["outcome"].n_unique() == 3
+
+
+def _with_frame(
+    frames: dict[str, pl.DataFrame], name: str, frame: pl.DataFrame
+) -> dict[str, pl.DataFrame]:
+    return {**frames, name: frame}
+
+
+def test_dense_seed_ids_decline_what_they_cannot_represent(scripted_run: Path) -> None:
+    """Each precondition, broken alone, sends the analysis the general way; that way's
+    tables are then what seed_lifecycles returns."""
+    run = load_run(scripted_run)
+    frames = lc.read_seed_events(run)
+    germ, fossil = frames["seed_germinated"], frames["seed_fossilized"]
+    assert dense.dense_tables(run, frames) is not None
+    broken = {
+        "a seed without germination": _with_frame(frames, "seed_germinated", germ.slice(1)),
+        "a seed germinated twice": _with_frame(
+            frames, "seed_germinated", pl.concat([germ, germ.head(1)])
+        ),
+        "a repeated fossilization": _with_frame(
+            frames, "seed_fossilized", pl.concat([fossil, fossil.head(1)])
+        ),
+        "a null seq": _with_frame(
+            frames, "seed_fossilized", fossil.with_columns(seq=pl.lit(None, dtype=pl.Int64))
+        ),
+        # an event whose hash names a seed whose key it does not have: a collision
+        "a hash collision": _with_frame(
+            frames, "seed_fossilized", fossil.with_columns(seed_id=pl.lit("someone-else"))
+        ),
+        "no germinations": _with_frame(frames, "seed_germinated", germ.head(0)),
+    }
+    for why, frames_ in broken.items():
+        assert dense.dense_tables(run, frames_) is None, why
+
+
+def test_seeds_germinated_in_the_same_step_sort_by_slot_then_seed_id(
+    scripted_run: Path,
+) -> None:
+    """Where (rank, round, env, step) does not tell germinations apart, the seed table
+    falls back to the full order; both ways still agree."""
+    run = load_run(scripted_run)
+    frames = lc.read_seed_events(run)
+    germ = frames["seed_germinated"]
+    twins = germ.head(1).with_columns(slot=pl.lit("a-slot"), seed_id=pl.lit("a-twin"))
+    twins = twins.with_columns(pl.struct(lc.SEED_KEY).hash(HASH_SEED).alias(lc.SEED_HASH))
+    frames = _with_frame(frames, "seed_germinated", pl.concat([germ, twins]))
+    ours = dense.dense_tables(run, frames)
+    _assert_same_tables(ours, lc._keyed_tables(run, frames))
+    assert ours is not None and "a-twin" in ours[0]["seed_id"].to_list()
+
+
+class _EpisodeTwice(Run):
+    """A run whose first episode_finished event reads twice (the files cannot hold
+    that: the manifest check refuses them), to reach the join's guard."""
+
+    def scan(self, event_type: str) -> pl.LazyFrame:
+        lf = super().scan(event_type)
+        return pl.concat([lf, lf.head(1)]) if event_type == "episode_finished" else lf
+
+
+def test_an_episode_finished_twice_sends_lifecycles_the_general_way(scripted_run: Path) -> None:
+    run = load_run(scripted_run)
+    twice = _EpisodeTwice(**{f.name: getattr(run, f.name) for f in dataclasses.fields(Run)})
+    frames = lc.read_seed_events(twice)
+    assert dense.dense_tables(twice, frames) is None
+    seeds = lc.seed_lifecycles(twice).seeds
+    assert seeds.equals(lc._keyed_tables(twice, frames)[0], null_equal=True)
+    assert seeds.height > lc.seed_lifecycles(run).seeds.height
+
+
+def test_a_crashed_run_gives_the_same_lifecycles_either_way(crashed: Crashed) -> None:
+    run = load_run(crashed.path)
+    ours, keyed = _both_ways(run)
+    if ours is not None:
+        _assert_same_tables(ours, keyed)
+    assert sorted(lc.seed_lifecycles(run).seeds["seed_id"]) == sorted(keyed[0]["seed_id"])
 
 
 def test_reward_breakdown_is_bit_identical_and_equals_a_plain_group_by(

@@ -37,6 +37,19 @@ def test_a_file_with_page_checksums_verifies(tmp_path: Path, version: str) -> No
     assert verify_page_checksums(path) is True
 
 
+def test_an_empty_table_verifies(tmp_path: Path) -> None:
+    """A 0-row row group has chunks with no data page (offset 0, the file's magic) and,
+    for dictionary columns, only a dictionary page: nothing to misread as a header."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(_table(0), path, write_page_checksum=True, use_dictionary=True)
+    meta = pq.read_metadata(path)
+    assert meta.num_rows == 0 and meta.num_row_groups == 1
+    chunks = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
+    assert any(c.data_page_offset == 0 and c.dictionary_page_offset for c in chunks)
+    assert verify_page_checksums(path) is True
+    verify_pages(path)  # the loader's check accepts it too (raises on damage)
+
+
 def test_a_file_without_page_checksums_is_left_to_the_decoder(tmp_path: Path) -> None:
     path = tmp_path / "t.parquet"
     pq.write_table(_table(), path)
