@@ -5,6 +5,12 @@ A seed is identified by ``(run_id, rank, round, env, slot, seed_id)``. Its outco
 when the episode ended, or when a crashed run stopped). Stage durations are in epochs
 (env-steps): the ``epochs_in_prev_stage`` of each recorded transition, plus, for a seed
 alive at the end, the time from entering its last stage to the episode's end step.
+
+Two ways build the same tables. Where every seed has exactly one germination (a run as
+the trainer writes it), :mod:`esper_analysis.dense_lifecycles` numbers the seeds densely
+and works by gathers and scatters; otherwise (a crash cut a seed's events, files were
+edited) the seed events are joined on the seed key here, or on its 64-bit hash where
+that is collision-free for the run.
 """
 
 from __future__ import annotations

@@ -194,6 +194,23 @@ def test_seeds_germinated_in_the_same_step_sort_by_slot_then_seed_id(
     assert ours is not None and "a-twin" in ours[0]["seed_id"].to_list()
 
 
+def test_seeds_of_several_run_ids_give_the_keyed_tables(scripted_run: Path) -> None:
+    """Two run ids in one read (the seeds of env 1 renamed): both ways sort on run_id
+    first and agree."""
+    run = load_run(scripted_run)
+    renamed = pl.when(pl.col("env") == 1).then(pl.lit("a-other-run")).otherwise("run_id")
+    frames = {
+        name: frame.with_columns(run_id=renamed).with_columns(
+            pl.struct(lc.SEED_KEY).hash(HASH_SEED).alias(lc.SEED_HASH)
+        )
+        for name, frame in lc.read_seed_events(run).items()
+    }
+    assert frames["seed_germinated"]["run_id"].n_unique() == 2
+    ours = dense.dense_tables(run, frames)
+    _assert_same_tables(ours, lc._keyed_tables(run, frames))
+    assert ours is not None and ours[1]["run_id"][0] == "a-other-run"
+
+
 class _EpisodeTwice(Run):
     """A run whose first episode_finished event reads twice (the files cannot hold
     that: the manifest check refuses them), to reach the join's guard."""
