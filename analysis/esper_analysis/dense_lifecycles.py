@@ -71,15 +71,17 @@ def dense_tables(
 
 
 def _in_seed_order(germ: pl.DataFrame) -> pl.DataFrame:
-    """The germinations in :data:`SEED_ORDER`. With one run id and no nulls, where the
-    integer part of that order (rank, round, env, step) already tells every seed apart,
-    one sort on those integers packed into one gives that order (slot and seed_id are
-    never consulted)."""
-    ints = SEED_ORDER[1:5]
-    if germ["run_id"].n_unique() == 1 and not any(germ[c].null_count() for c in ints):
-        (packed, *rest) = order_key(germ, ints)
+    """The germinations in :data:`SEED_ORDER`. With one run id and no nulls, where
+    (rank, round, env, step, slot) already tells every seed apart, one sort on those
+    packed into one integer gives that order (the slot as its rank among the sorted
+    slot names; seed_id is never consulted)."""
+    ints, slot = SEED_ORDER[1:5], SEED_ORDER[5]
+    if germ["run_id"].n_unique() == 1 and not any(germ[c].null_count() for c in [*ints, slot]):
+        names = germ[slot].unique().sort().to_list()
+        digits = germ.select(*ints, pl.col(slot).cast(pl.Enum(names)).to_physical())
+        (packed, *rest) = order_key(digits, [*ints, slot])
         if not rest:
-            key = germ.select(packed).to_series()
+            key = digits.select(packed).to_series()
             if key.n_unique() == germ.height:
                 return germ[key.arg_sort()]
     return germ.sort(SEED_ORDER, nulls_last=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 from _analysis_support import emit_run
 from conftest import Crashed, copy_run, rewrite_part
 from esper_analysis import counts as counts_module
@@ -178,20 +179,26 @@ def test_dense_seed_ids_decline_what_they_cannot_represent(scripted_run: Path) -
         assert dense.dense_tables(run, frames_) is None, why
 
 
+@pytest.mark.parametrize("same_slot", [False, True])
 def test_seeds_germinated_in_the_same_step_sort_by_slot_then_seed_id(
-    scripted_run: Path,
+    scripted_run: Path, same_slot: bool
 ) -> None:
-    """Where (rank, round, env, step) does not tell germinations apart, the seed table
-    falls back to the full order; both ways still agree."""
+    """A second germination in the same step: in another slot, the packed (rank, round,
+    env, step, slot) order still tells them apart; in the same slot only seed_id does,
+    and the seed table takes the full order. Both ways agree either way."""
     run = load_run(scripted_run)
     frames = lc.read_seed_events(run)
     germ = frames["seed_germinated"]
-    twins = germ.head(1).with_columns(slot=pl.lit("a-slot"), seed_id=pl.lit("a-twin"))
+    slot = pl.col("slot") if same_slot else pl.lit("a-slot")
+    twins = germ.head(1).with_columns(slot=slot, seed_id=pl.lit("a-twin"))
     twins = twins.with_columns(pl.struct(lc.SEED_KEY).hash(HASH_SEED).alias(lc.SEED_HASH))
-    frames = _with_frame(frames, "seed_germinated", pl.concat([germ, twins]))
+    germ = pl.concat([germ, twins])
+    frames = _with_frame(frames, "seed_germinated", germ)
     ours = dense.dense_tables(run, frames)
     _assert_same_tables(ours, lc._keyed_tables(run, frames))
     assert ours is not None and "a-twin" in ours[0]["seed_id"].to_list()
+    full = germ.sort(dense.SEED_ORDER, nulls_last=True)
+    assert dense._in_seed_order(germ).equals(full)
 
 
 def test_seeds_of_several_run_ids_give_the_keyed_tables(scripted_run: Path) -> None:
