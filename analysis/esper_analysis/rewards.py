@@ -62,6 +62,8 @@ class RewardBreakdown(AnalysisResult):
 _SUMMED: Final = [*_COMPONENTS, "total"]
 #: The finest grouping; every table's keys are a subset of it (read with the components).
 _FINE: Final = ["rank", "round", "env", "op"]
+#: Above this many chunks a summed column is copied into one before its sums are taken.
+_MAX_CHUNKS_IN_PLACE: Final = 64
 #: Keys are coded directly (no per-key renumbering) while their combinations number at
 #: most this many per row: the bincounts over the codes stay as cheap as one pass.
 _MAX_DIRECT_CODES: Final = 4
@@ -148,7 +150,11 @@ def _sums_in_row_order(values: pl.Series, group: np.ndarray, n: int) -> np.ndarr
     """Per-group sums of ``values`` (no nulls) added in row order, chunk by chunk: each
     chunk is read in place (a contiguous copy of the column would cost more than the
     sums), and ``np.add.at`` adds in the same order as one ``np.bincount`` over the
-    whole column, so the bits do not depend on how the column is chunked."""
+    whole column, so the bits do not depend on how the column is chunked. A column in
+    many small chunks (a run of many small part files) is made contiguous first: one
+    call per chunk would then cost more than the copy."""
+    if values.n_chunks() > _MAX_CHUNKS_IN_PLACE:
+        values = values.rechunk()
     out = np.zeros(n)
     start = 0
     for chunk in values.get_chunks():

@@ -8,6 +8,7 @@ collision-free. Each is compared with a direct computation.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -476,3 +477,18 @@ def test_a_footer_rank_needs_one_value_and_no_nulls(tmp_path: Path) -> None:
     path = tmp_path / "absent.parquet"
     pq.write_table(pa.table({"seq": pa.array([1, 2], pa.int64())}), path)
     assert loader_module._rank_value(pq.read_metadata(path), 7) == 7
+
+
+def test_sums_in_row_order_do_not_depend_on_chunking() -> None:
+    """One chunk, a few chunks read in place, or more chunks than are read in place
+    (copied first): the same bits as one ``np.bincount`` over the whole column."""
+    rng = np.random.default_rng(11)
+    values = rng.normal(size=5_000) * 10.0 ** rng.integers(-8, 8, 5_000)
+    group = rng.integers(0, 300, 5_000)
+    expected = np.bincount(group, weights=values, minlength=300)
+    for pieces in (1, 7, rw._MAX_CHUNKS_IN_PLACE + 5):
+        edges = np.linspace(0, len(values), pieces + 1).astype(int)
+        chunks = [pl.Series(values[a:b]) for a, b in itertools.pairwise(edges)]
+        series = pl.concat(chunks, rechunk=False)
+        assert series.n_chunks() == pieces
+        assert np.array_equal(rw._sums_in_row_order(series, group, 300), expected), pieces
