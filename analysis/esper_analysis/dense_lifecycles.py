@@ -28,6 +28,7 @@ from esper_analysis.seed_events import (
     EPISODE_KEY,
     INT_KEY,
     LIVE_STAGES,
+    SEED_EVENT_TYPES,
     SEED_HASH,
     SEED_KEY,
     STR_KEY,
@@ -41,10 +42,7 @@ from esper_analysis.seed_events import (
 SEED_ID: Final = "_seed"
 #: Seed table order; seed_id last breaks every tie, so the order is deterministic.
 SEED_ORDER: Final = ["run_id", "rank", "round", "env", "step", "slot", "seed_id"]
-_GERMINATED: Final = "seed_germinated"
-_CHANGED: Final = "seed_stage_changed"
-_FOSSILIZED: Final = "seed_fossilized"
-_PRUNED: Final = "seed_pruned"
+_GERMINATED, _CHANGED, _FOSSILIZED, _PRUNED = SEED_EVENT_TYPES
 
 
 def dense_tables(

@@ -76,32 +76,29 @@ class _Partials:
 
     def __init__(self, df: pl.DataFrame) -> None:
         self.radix = _mixed_radix(df, _FINE) if df.height else None
-        #: The finest groups' mixed-radix codes (group ``g`` is ``codes[g]``), radix path.
-        self.codes = np.empty(0, dtype=np.int64)
         self._digits: dict[int, np.ndarray] = {}
         if self.radix is None:
             group, n, self._keys = _key_grouped(df, _FINE)
-            used = None
         else:
             # Sum straight into one slot per code, and keep the codes in use: no pass
             # over the rows to renumber them first.
             group = df.select(self.radix.code).to_series().to_numpy()
             n = self.radix.size
         rows = np.bincount(group, minlength=n)
-        if self.radix is not None:
-            used = np.flatnonzero(rows)
-            self.codes = used
-        self.rows = rows if used is None else rows[used]
+        #: The slots in use (every one on the key path); on the radix path they are the
+        #: finest groups' mixed-radix codes (group ``g`` is ``codes[g]``).
+        self.codes = used = np.flatnonzero(rows)
+        self.rows = rows[used]
         self.sums: dict[str, np.ndarray] = {}
         self.present: dict[str, np.ndarray] = {}
         for c in _SUMMED:
             col = df[c].cast(pl.Float64)
             nulls = col.null_count()
             sums = _sums_in_row_order(col.fill_null(0.0) if nulls else col, group, n)
-            self.sums[c] = sums if used is None else sums[used]
+            self.sums[c] = sums[used]
             if nulls:
                 present = np.bincount(group, weights=col.is_not_null().to_numpy(), minlength=n)
-                self.present[c] = present if used is None else present[used]
+                self.present[c] = present[used]
             else:
                 self.present[c] = self.rows
 

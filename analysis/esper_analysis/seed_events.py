@@ -52,7 +52,13 @@ COLUMNS: Final = {
 }
 #: An order key packs its integer columns into one Int64 when their spans fit this.
 _MAX_PACKED: Final = 2**62
-#: The seed table's columns, in order (the key and its hash first).
+
+
+def duration_column(stage: str) -> str:
+    return f"epochs_{stage.lower()}"
+
+
+#: The seed table's columns after its key, in order.
 SEED_COLUMNS: Final = (
     "blueprint",
     "outcome",
@@ -61,16 +67,12 @@ SEED_COLUMNS: Final = (
     "ended_step",
     "lifetime_epochs",
     "episode_end_step",
-    *(f"epochs_{s.lower()}" for s in LIVE_STAGES),
+    *(duration_column(s) for s in LIVE_STAGES),
     "contribution",
     "reason",
     "initiator",
     "params",
 )
-
-
-def duration_column(stage: str) -> str:
-    return f"epochs_{stage.lower()}"
 
 
 def read_seed_events(run: Run) -> dict[str, pl.DataFrame]:
