@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from esper.telemetry.events import EVENT_LEVELS, EVENT_TYPES
+from esper_analysis.dict_counts import dictionary_histograms
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
 
@@ -58,6 +59,8 @@ class Counts(AnalysisResult):
 
 #: The envelope columns counted per value (each gives one breakdown table).
 _DIMENSIONS: Final = ("round", "env", "step", "rank")
+#: The ones read from the data (the ranks usually come from the footers).
+_READ: Final = _DIMENSIONS[:-1]
 #: Rows read at once: bounds memory (4 int64 columns: 80 MB) on runs of any size.
 BATCH_ROWS: Final = 2_500_000
 
@@ -94,24 +97,35 @@ def _histogram(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
-    """``{type: {str(key): count}}``, built column-wise (no per-row Python loop)."""
-    out: dict[str, dict[str, int]] = {}
-    for (event_type,), part in frame.partition_by("type", as_dict=True).items():
-        keys = part[dim].cast(pl.String).to_list()
-        out[str(event_type)] = dict(zip(keys, part["events"].to_list(), strict=True))
-    return out
+    """``{type: {str(key): count}}``, built column-wise: sorted by type (as
+    :func:`_breakdown_table` builds it), each type's rows are one slice of three lists
+    (no partition into frames)."""
+    if frame.is_empty():
+        return {}
+    if not frame["type"].is_sorted():
+        frame = frame.sort("type", maintain_order=True)
+    types = frame["type"]
+    starts = np.flatnonzero(np.r_[True, (types[1:] != types[:-1]).to_numpy()])
+    ends = [*starts[1:].tolist(), frame.height]
+    keys = frame[dim].cast(pl.String).to_list()
+    events = frame["events"].to_list()
+    names = types.gather(starts).to_list()
+    return {
+        str(name): dict(zip(keys[a:b], events[a:b], strict=True))
+        for name, a, b in zip(names, starts.tolist(), ends, strict=True)
+    }
 
 
 def _breakdown_schema(dim: str) -> pl.Schema:
     return pl.Schema({"type": pl.String, dim: pl.Int64, "events": pl.Int64})
 
 
-def _batches(run: Run, limit: int = BATCH_ROWS) -> list[list[str]]:
-    """Event types in groups of at most ``limit`` rows (a lone larger type is its own
+def _batches(run: Run, types: list[str], limit: int = BATCH_ROWS) -> list[list[str]]:
+    """``types`` in groups of at most ``limit`` rows (a lone larger type is its own
     group): each group is read in parallel, and only one group is held in memory."""
     batches: list[list[str]] = []
     rows = limit
-    for event_type in run.event_types:
+    for event_type in types:
         n = run.rows_on_disk(event_type)
         if rows + n > limit:
             batches.append([])
@@ -122,15 +136,17 @@ def _batches(run: Run, limit: int = BATCH_ROWS) -> list[list[str]]:
 
 
 def _breakdowns(
-    run: Run, batch_rows: int = BATCH_ROWS
+    run: Run, batch_rows: int = BATCH_ROWS, *, pages: bool = True
 ) -> tuple[dict[str, pl.DataFrame], dict[str, int]]:
     """Rows per ``(type, value)`` of each dimension, and rows per type, from one parallel
     scan per type. Each table is built once from the concatenated histograms (a frame
-    per type and dimension cost more than the histograms themselves)."""
+    per type and dimension cost more than the histograms themselves). ``pages=False``
+    reads every type's columns (no counting from the pages' dictionary indices)."""
     totals: dict[str, int] = {}
     parts: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {dim: [] for dim in _DIMENSIONS}
-    for batch in _batches(run, batch_rows):
-        known = {t: _footer_ranks(run, t) for t in batch}
+    known = {t: _footer_ranks(run, t) for t in run.event_types}
+    read = _counted_from_pages(run, known, totals, parts) if pages else list(known)
+    for batch in _batches(run, read, batch_rows):
         dims = {t: [d for d in _DIMENSIONS if d != "rank" or known[t] is None] for t in batch}
         frames = pl.collect_all([run.scan(t).select(dims[t]) for t in batch])
         for event_type, frame in zip(batch, frames, strict=True):
@@ -143,6 +159,31 @@ def _breakdowns(
                 else:
                     parts[dim].append((event_type, *_histogram(frame[dim])))
     return {dim: _breakdown_table(dim, parts[dim]) for dim in _DIMENSIONS}, totals
+
+
+def _counted_from_pages(
+    run: Run,
+    known: dict[str, tuple[np.ndarray, np.ndarray] | None],
+    totals: dict[str, int],
+    parts: dict[str, list[tuple[str, np.ndarray, np.ndarray]]],
+) -> list[str]:
+    """Adds the histograms of the types whose pages' dictionary indices can be counted
+    (:mod:`esper_analysis.dict_counts`) to ``totals`` and ``parts``; returns the types
+    left to read. Only where the footers give the ranks: a rank read as a column fills
+    its nulls with the directory's rank, which counting the pages would not."""
+    read = []
+    for event_type, ranks in known.items():
+        fast = dictionary_histograms(run, event_type, _READ) if ranks is not None else None
+        if ranks is None or fast is None:
+            read.append(event_type)
+            continue
+        histograms, rows = fast
+        if rows:
+            totals[event_type] = rows
+        parts["rank"].append((event_type, *ranks))
+        for dim in _READ:
+            parts[dim].append((event_type, *histograms[dim]))
+    return read
 
 
 def _footer_ranks(run: Run, event_type: str) -> tuple[np.ndarray, np.ndarray] | None:

@@ -6,7 +6,9 @@ Then the germinations, sorted in the seed table's order, *are* the seed table: s
 key's hash, and everything per seed is a gather, a scatter or a ``np.bincount`` over
 that dense id, where the general way (:mod:`esper_analysis.lifecycles`) needs a
 ``unique`` over the six key columns, multi-column sorts and five joins. The hash is
-trusted only after each event's key is compared with its seed's, column by column.
+trusted only after each event's integer key and second hash of the key's strings
+(:data:`~esper_analysis.seed_events.SEED_CHECK`) are compared with its seed's, so the
+other events are read without their key's strings.
 
 :func:`dense_tables` returns None whenever a precondition does not hold (a seed
 without germination or with two, a repeated fossilization or prune, a repeated
@@ -28,10 +30,10 @@ from esper_analysis.seed_events import (
     EPISODE_KEY,
     INT_KEY,
     LIVE_STAGES,
+    SEED_CHECK,
     SEED_EVENT_TYPES,
     SEED_HASH,
     SEED_KEY,
-    STR_KEY,
     TIMELINE_STAGES,
     derived_seed_columns,
     duration_column,
@@ -89,7 +91,8 @@ def _with_seed_ids(
     frames: dict[str, pl.DataFrame], germ: pl.DataFrame
 ) -> dict[str, pl.DataFrame] | None:
     """The non-germination frames with their seed's dense id, or None when an event has
-    no germinated seed or its key differs from its seed's (a hash collision)."""
+    no germinated seed or its integer key or check hash differs from its seed's (a hash
+    collision)."""
     ids = germ.select(SEED_HASH, SEED_ID)
     out = {}
     for name in (_CHANGED, _FOSSILIZED, _PRUNED):
@@ -98,15 +101,9 @@ def _with_seed_ids(
         if found[SEED_ID].null_count():
             return None
         seed = found[SEED_ID].to_numpy()
-        for k in INT_KEY:
+        for k in (*INT_KEY, SEED_CHECK):
             if not np.array_equal(frame[k].to_numpy(), germ[k].to_numpy()[seed]):
                 return None
-        theirs = germ.select(STR_KEY)[seed]
-        same = frame.select(
-            pl.all_horizontal(pl.col(k).eq_missing(theirs[k]) for k in STR_KEY).all()
-        ).item()
-        if not same:
-            return None
         out[name] = frame.with_columns(found[SEED_ID])
     return out
 

@@ -306,9 +306,10 @@ _BY_BLUEPRINT_SCHEMA: Final = {
 
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    frames = read_seed_events(run)
-    tables = dense_tables(run, frames)  # None where its preconditions do not hold
-    seeds, segments = tables if tables is not None else _keyed_tables(run, frames)
+    tables = dense_tables(run, read_seed_events(run, keys=False))
+    if tables is None:  # its preconditions do not hold: the general way, on the full keys
+        tables = _keyed_tables(run, read_seed_events(run))
+    seeds, segments = tables
     outcomes = seeds["outcome"].value_counts()
     count = dict(zip(outcomes["outcome"].to_list(), outcomes["count"].to_list(), strict=True))
     return Lifecycles(

@@ -93,7 +93,7 @@ class _Page(NamedTuple):
 # calls made header parsing cost more than the CRCs themselves.
 
 
-def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         b = buf[pos]
@@ -104,12 +104,12 @@ def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _zigzag(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    n, pos = _varint(buf, pos)
+def zigzag(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    n, pos = varint(buf, pos)
     return (n >> 1) ^ -(n & 1), pos
 
 
-def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
+def skip_value(buf: bytes | memoryview, pos: int, kind: int) -> int:
     """Position after one value of compact-protocol type ``kind`` at ``pos``."""
     if kind in (_I16, _I32, _I64):
         while buf[pos] & 0x80:
@@ -118,7 +118,7 @@ def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
     if kind in (_BOOL_TRUE, _BOOL_FALSE):
         return pos
     if kind == _BINARY:
-        length, pos = _varint(buf, pos)
+        length, pos = varint(buf, pos)
         return pos + length
     if kind == _STRUCT:
         return _skip_struct(buf, pos)
@@ -131,12 +131,12 @@ def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
         pos += 1
         size = head >> 4
         if size == _LONG_FORM:
-            size, pos = _varint(buf, pos)
+            size, pos = varint(buf, pos)
         for _ in range(size):
             pos = _skip_element(buf, pos, head & 0x0F)
         return pos
     if kind == _MAP:
-        size, pos = _varint(buf, pos)
+        size, pos = varint(buf, pos)
         if size:
             types = buf[pos]
             pos += 1
@@ -149,7 +149,7 @@ def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
 
 def _skip_element(buf: bytes | memoryview, pos: int, kind: int) -> int:
     # Inside lists, sets and maps a boolean takes a whole byte.
-    return pos + 1 if kind in (_BOOL_TRUE, _BOOL_FALSE) else _skip(buf, pos, kind)
+    return pos + 1 if kind in (_BOOL_TRUE, _BOOL_FALSE) else skip_value(buf, pos, kind)
 
 
 def _field(buf: bytes | memoryview, pos: int, last: int) -> tuple[int, int, int]:
@@ -161,7 +161,7 @@ def _field(buf: bytes | memoryview, pos: int, last: int) -> tuple[int, int, int]
     delta, kind = head >> 4, head & 0x0F
     if delta:
         return last + delta, kind, pos
-    field_id, pos = _zigzag(buf, pos)
+    field_id, pos = zigzag(buf, pos)
     return field_id, kind, pos
 
 
@@ -171,7 +171,7 @@ def _skip_struct(buf: bytes | memoryview, pos: int) -> int:
         field_id, kind, pos = _field(buf, pos, field_id)
         if kind == 0:
             return pos
-        pos = _skip(buf, pos, kind)
+        pos = skip_value(buf, pos, kind)
 
 
 def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]:
@@ -201,15 +201,15 @@ def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]
             if head >> 4:
                 field_id += head >> 4
             else:
-                field_id, pos = _zigzag(buf, pos)
+                field_id, pos = zigzag(buf, pos)
             if kind in _VARINTS:
-                n, pos = _varint(buf, pos)
+                n, pos = varint(buf, pos)
                 if kind == _I32 and depth == 0 and field_id in _SIZE_FIELDS:
                     sizes[field_id] = (n >> 1) ^ -(n & 1)
                 elif kind == _I32 and depth == 1 and in_data_header and field_id == _NUM_VALUES:
                     values = (n >> 1) ^ -(n & 1)
             elif kind == _BINARY:
-                length, pos = _varint(buf, pos)
+                length, pos = varint(buf, pos)
                 pos += length
             elif kind == _STRUCT:
                 if depth == 0:
@@ -218,7 +218,7 @@ def _parse_page_header(buf: bytes | memoryview, start: int) -> tuple[_Page, int]
                 depth += 1
                 field_id = 0
             elif kind not in (_BOOL_TRUE, _BOOL_FALSE):
-                pos = _skip(buf, pos, kind)
+                pos = skip_value(buf, pos, kind)
     except IndexError:
         raise PageChecksumError("page header runs past the column chunk") from None
     if pos > len(buf):
@@ -276,7 +276,7 @@ def verify_page_checksums(path: Path, meta: pq.FileMetaData | None = None) -> bo
     check it). Raises :class:`PageChecksumError` on a mismatch or a broken header.
     """
     meta = meta if meta is not None else pq.read_metadata(path)
-    data = _map(path)
+    data = map_file(path)
     for start, length, uncompressed, values in _chunk_ranges(meta):
         if start < 0 or start + length > len(data):
             raise PageChecksumError(f"column chunk at byte {start} is truncated")
@@ -285,7 +285,7 @@ def verify_page_checksums(path: Path, meta: pq.FileMetaData | None = None) -> bo
     return True
 
 
-def _map(path: Path) -> memoryview:
+def map_file(path: Path) -> memoryview:
     """The file's bytes, memory-mapped read-only: the CRCs read the page cache in
     place, instead of copying a large run into fresh buffers first (which cost more
     than the CRCs). The map is closed when the last view of it is released, so an

@@ -43,6 +43,12 @@ SEED_EVENT_TYPES: Final = (
 #: collision-free over the run's distinct seeds, or each event's key equal to its seed's.
 SEED_HASH: Final = "_seed_hash"
 HASH_SEED: Final = 0
+#: A second 64-bit hash, of the key's strings, with another seed: an event the dense
+#: way finds by :data:`SEED_HASH` is that seed's when their integer keys are equal and
+#: so is this one (a false match needs both hashes to collide at once), so those
+#: events are read without their key's strings.
+SEED_CHECK: Final = "_seed_check"
+CHECK_SEED: Final = 1
 #: The columns read per seed event type (besides :data:`SEED_KEY` and its hash).
 COLUMNS: Final = {
     "seed_germinated": ("seq", "step", "blueprint", "params"),
@@ -75,15 +81,27 @@ SEED_COLUMNS: Final = (
 )
 
 
-def read_seed_events(run: Run) -> dict[str, pl.DataFrame]:
-    """The four seed event types, read once in parallel with the seed key, its hash and
-    only the columns used later: every step after works on these frames."""
-    plans = [
-        run.scan(t)
-        .with_columns(pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH))
-        .select(*SEED_KEY, SEED_HASH, *cols)
-        for t, cols in COLUMNS.items()
+def seed_hashes() -> list[pl.Expr]:
+    """:data:`SEED_HASH` and :data:`SEED_CHECK` of a frame with the seed key."""
+    return [
+        pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH),
+        pl.struct(STR_KEY).hash(CHECK_SEED).alias(SEED_CHECK),
     ]
+
+
+def read_seed_events(run: Run, *, keys: bool = True) -> dict[str, pl.DataFrame]:
+    """The four seed event types, read once in parallel with the seed key, its hashes
+    and only the columns used later: every step after works on these frames.
+
+    ``keys=False``: only the germinations keep the key's strings (the other events are
+    matched to their seed by the hashes and the integer key, the dense way's reading).
+    """
+    plans = []
+    for t, cols in COLUMNS.items():
+        key = SEED_KEY if keys or t == SEED_EVENT_TYPES[0] else INT_KEY
+        plans.append(
+            run.scan(t).with_columns(seed_hashes()).select(*key, SEED_HASH, SEED_CHECK, *cols)
+        )
     return dict(zip(COLUMNS, pl.collect_all(plans), strict=True))
 
 

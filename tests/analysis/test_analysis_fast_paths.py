@@ -22,10 +22,10 @@ from esper_analysis import dense_lifecycles as dense
 from esper_analysis import event_counts, load_run
 from esper_analysis import lifecycles as lc
 from esper_analysis import loader as loader_module
-from esper_analysis import rewards as rw
+from esper_analysis import reward_partials as rp
 from esper_analysis.loader import Run
 from esper_analysis.rewards import reward_breakdown
-from esper_analysis.seed_events import HASH_SEED
+from esper_analysis.seed_events import seed_hashes
 
 
 def test_counts_match_a_plain_group_by(scripted_run: Path) -> None:
@@ -51,14 +51,18 @@ def test_counts_match_a_plain_group_by(scripted_run: Path) -> None:
     assert counts.total == sum(run.count(t) for t in run.event_types)
 
 
-def test_counts_read_in_small_batches_equal_one_batch(scripted_run: Path) -> None:
+def test_counts_read_in_small_batches_equal_one_batch_and_the_pages(scripted_run: Path) -> None:
+    """Columns read in one batch, in one batch per type, or counted from the pages'
+    dictionary indices (where the native counter is built): the same tables."""
     run = load_run(scripted_run)
-    batches = counts_module._batches(run, 1)
+    batches = counts_module._batches(run, list(run.event_types), 1)
     assert len(batches) == len(run.event_types)  # every type alone
-    one, totals_one = counts_module._breakdowns(run)
-    many, totals_many = counts_module._breakdowns(run, 1)
-    assert totals_one == totals_many
-    assert all(one[dim].equals(many[dim]) for dim in one)
+    one, totals_one = counts_module._breakdowns(run, pages=False)
+    many, totals_many = counts_module._breakdowns(run, 1, pages=False)
+    pages, totals_pages = counts_module._breakdowns(run)
+    assert totals_one == totals_many == totals_pages
+    for dim in one:
+        assert one[dim].equals(many[dim]) and one[dim].equals(pages[dim]), dim
 
 
 def _sorted(df: pl.DataFrame) -> pl.DataFrame:
@@ -172,7 +176,11 @@ def test_dense_seed_ids_decline_what_they_cannot_represent(scripted_run: Path) -
         ),
         # an event whose hash names a seed whose key it does not have: a collision
         "a hash collision": _with_frame(
-            frames, "seed_fossilized", fossil.with_columns(seed_id=pl.lit("someone-else"))
+            frames,
+            "seed_fossilized",
+            fossil.with_columns(seed_id=pl.lit("someone-else")).with_columns(
+                seed_hashes()[1]  # its own check hash, the seed hash of the one it names
+            ),
         ),
         "no germinations": _with_frame(frames, "seed_germinated", germ.head(0)),
     }
@@ -192,7 +200,7 @@ def test_seeds_germinated_in_the_same_step_sort_by_slot_then_seed_id(
     germ = frames["seed_germinated"]
     slot = pl.col("slot") if same_slot else pl.lit("a-slot")
     twins = germ.head(1).with_columns(slot=slot, seed_id=pl.lit("a-twin"))
-    twins = twins.with_columns(pl.struct(lc.SEED_KEY).hash(HASH_SEED).alias(lc.SEED_HASH))
+    twins = twins.with_columns(seed_hashes())
     germ = pl.concat([germ, twins])
     frames = _with_frame(frames, "seed_germinated", germ)
     ours = dense.dense_tables(run, frames)
@@ -208,9 +216,7 @@ def test_seeds_of_several_run_ids_give_the_keyed_tables(scripted_run: Path) -> N
     run = load_run(scripted_run)
     renamed = pl.when(pl.col("env") == 1).then(pl.lit("a-other-run")).otherwise("run_id")
     frames = {
-        name: frame.with_columns(run_id=renamed).with_columns(
-            pl.struct(lc.SEED_KEY).hash(HASH_SEED).alias(lc.SEED_HASH)
-        )
+        name: frame.with_columns(run_id=renamed).with_columns(seed_hashes())
         for name, frame in lc.read_seed_events(run).items()
     }
     assert frames["seed_germinated"]["run_id"].n_unique() == 2
@@ -274,16 +280,16 @@ def test_grouped_reward_sums_of_nothing_and_of_nulls() -> None:
     schema = {
         **dict.fromkeys(["rank", "round", "env"], pl.Int64),
         "op": pl.String,
-        **dict.fromkeys(rw._SUMMED, pl.Float64),
+        **dict.fromkeys(rp.SUMMED, pl.Float64),
     }
     empty = pl.DataFrame(schema=schema)
-    assert rw._group_sums(rw._Partials(empty), ["env"]).height == 0
+    assert rp.group_sums(rp.Partials.of(empty), ["env"]).height == 0
     keys = {"rank": [0, 0, 0], "round": [0, 1, 0], "env": [0, 0, 1], "op": ["wait"] * 3}
-    rows = pl.DataFrame({**keys, **{c: [1.0, 2.0, None] for c in rw._SUMMED}}, schema=schema)
-    partials = rw._Partials(rows)
-    means = rw._group_sums(partials, ["env"], mean=True)
+    rows = pl.DataFrame({**keys, **{c: [1.0, 2.0, None] for c in rp.SUMMED}}, schema=schema)
+    partials = rp.Partials.of(rows)
+    means = rp.group_sums(partials, ["env"], mean=True)
     assert means.sort("env")["total"].to_list() == [1.5, None]
-    sums = rw._group_sums(partials, ["env"]).sort("env")
+    sums = rp.group_sums(partials, ["env"]).sort("env")
     assert sums["total"].to_list() == [3.0, 0.0]  # as polars' sum
     assert sums["rows"].to_list() == [2, 1]
 
@@ -302,7 +308,7 @@ def test_group_codes_partition_rows_like_a_group_by() -> None:
         }
     )
     for keys in (["round"], ["wide"], ["op"], ["rank", "round", "op"], ["wide", "round"]):
-        codes, n_groups = rw._group_codes(df, keys)
+        codes, n_groups = rp._group_codes(df, keys)
         reference = df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1
         assert n_groups == int(reference.max()) + 1
         pairs = set(zip(codes.tolist(), reference.tolist(), strict=True))
@@ -363,8 +369,8 @@ def test_grouped_keys_match_their_rows_on_both_paths() -> None:
         }
     )
     for keys, direct in ((["rank", "round", "op"], True), (["round", "wide"], False)):
-        assert (rw._mixed_radix(df, keys) is not None) is direct
-        group, n_groups, key_values = rw._grouped(df, keys)
+        assert (rp.mixed_radix(df, keys) is not None) is direct
+        group, n_groups, key_values = rp._grouped(df, keys)
         reference = df.select(pl.struct(keys).rank("dense")).to_series().to_numpy() - 1
         assert n_groups == int(reference.max()) + 1 == key_values.height
         assert len(set(zip(group.tolist(), reference.tolist(), strict=True))) == n_groups
@@ -383,18 +389,18 @@ def test_rolled_up_groups_match_a_group_by_of_the_finest_keys() -> None:
             "round": rng.integers(3, 30, n),
             "env": rng.integers(0, 4, n),
             "op": rng.choice(["wait", "germinate", "prune"], n).tolist(),
-            **{c: rng.random(n) for c in rw._SUMMED},
+            **{c: rng.random(n) for c in rp.SUMMED},
         }
     )
     wide = rows.with_columns(pl.col("round") * 10**15)  # too wide to code: the fallback
     for frame, direct in ((rows, True), (wide, False)):
-        partials = rw._Partials(frame)
+        partials = rp.Partials.of(frame)
         assert (partials.radix is not None) is direct
         for keys in (["env"], ["op"], ["round"], ["rank", "round", "env"], ["env", "op"]):
             group, n_groups, key_values = partials.rolled_up(keys)
             assert key_values.height == n_groups == partials.keys.select(keys).n_unique()
             assert key_values[group].equals(partials.keys.select(keys)), keys
-            total = rw._group_sums(partials, keys)["total"].sum()
+            total = rp.group_sums(partials, keys)["total"].sum()
             assert abs(total - float(frame["total"].sum())) < 1e-9
 
 
@@ -479,16 +485,40 @@ def test_a_footer_rank_needs_one_value_and_no_nulls(tmp_path: Path) -> None:
     assert loader_module._rank_value(pq.read_metadata(path), 7) == 7
 
 
-def test_sums_in_row_order_do_not_depend_on_chunking() -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_grouped_sums_do_not_depend_on_chunking(native: bool) -> None:
     """One chunk, a few chunks read in place, or more chunks than are read in place
-    (copied first): the same bits as one ``np.bincount`` over the whole column."""
+    (copied first), natively or in numpy: the same bits as one ``np.bincount`` over
+    the whole column, and the same row counts."""
     rng = np.random.default_rng(11)
     values = rng.normal(size=5_000) * 10.0 ** rng.integers(-8, 8, 5_000)
     group = rng.integers(0, 300, 5_000)
     expected = np.bincount(group, weights=values, minlength=300)
-    for pieces in (1, 7, rw._MAX_CHUNKS_IN_PLACE + 5):
+    for pieces in (1, 7, rp._MAX_CHUNKS_IN_PLACE + 5):
         edges = np.linspace(0, len(values), pieces + 1).astype(int)
         chunks = [pl.Series(values[a:b]) for a, b in itertools.pairwise(edges)]
         series = pl.concat(chunks, rechunk=False)
         assert series.n_chunks() == pieces
-        assert np.array_equal(rw._sums_in_row_order(series, group, 300), expected), pieces
+        other = series * -3.0  # one chunk: unlike ``series``, so both are made contiguous
+        rows, table = rp._grouped_sums([series, other], group, 300, native=native)
+        sums, thrice = table
+        assert np.array_equal(sums, expected), pieces
+        assert np.array_equal(thrice, np.bincount(group, weights=values * -3.0, minlength=300))
+        assert np.array_equal(rows, np.bincount(group, minlength=300))
+
+
+@pytest.mark.skipif(rp._native is None, reason="the native grouped sums were not built here")
+def test_native_grouped_sums_check_their_inputs() -> None:
+    sums, rows = np.zeros((2, 4)), np.zeros(4, dtype=np.int64)
+    values = [np.ones(3), np.ones(3)]
+    with pytest.raises(ValueError, match="outside"):
+        rp.add_grouped(sums, rows, np.array([0, 4, 1]), values)
+    with pytest.raises(ValueError, match="columns"):
+        rp.add_grouped(sums, rows, np.array([0, 1, 1]), values[:1])
+    with pytest.raises(TypeError, match="codes"):
+        rp.add_grouped(sums, rows, np.array([0, 1, 1], dtype=np.int32), values)
+    with pytest.raises(ValueError, match="column 1"):
+        rp.add_grouped(sums, rows, np.array([0, 1, 1]), [np.ones(3), np.ones(2)])
+    sums, rows = np.zeros((2, 4)), np.zeros(4, dtype=np.int64)  # a failed call adds some
+    rp.add_grouped(sums, rows, np.array([3, 3, 0]), [np.array([1.0, 2.0, 4.0])] * 2)
+    assert rows.tolist() == [1, 0, 0, 2] and sums[1].tolist() == [4.0, 0.0, 0.0, 3.0]

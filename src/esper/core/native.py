@@ -17,7 +17,12 @@ from typing import Final
 #: Environment variable: "0" turns every accelerator off.
 NATIVE_ENV: Final = "ESPER_NATIVE"
 #: Every accelerator module, by import name.
-MODULES: Final = ("esper.telemetry._columns", "esper.telemetry._emit")
+MODULES: Final = (
+    "esper.telemetry._columns",
+    "esper.telemetry._emit",
+    "esper_analysis._grouped",
+    "esper_analysis._rle",
+)
 
 
 def native_enabled() -> bool:
