@@ -83,7 +83,7 @@ def _in_seed_order(germ: pl.DataFrame) -> pl.DataFrame:
         if not rest:
             key = digits.select(packed).to_series()
             if key.n_unique() == germ.height:
-                return germ[key.arg_sort()]
+                return germ[_sorting(key.to_numpy())]
     return germ.sort(SEED_ORDER, nulls_last=True)
 
 
@@ -124,7 +124,7 @@ class _Starts:
     def of(cls, germ: pl.DataFrame, changes: pl.DataFrame) -> _Starts:
         cols = [SEED_ID, "seq", "step"]
         frame = pl.concat([germ.select(cols), changes.select(cols)])
-        order = _argsort(frame, [SEED_ID, "seq"]).to_numpy()
+        order = _argsort(frame, [SEED_ID, "seq"])
         return cls(frame, order, frame[SEED_ID].to_numpy()[order], germ.height)
 
     def last_of_seed(self, rows: np.ndarray) -> np.ndarray:
@@ -134,9 +134,20 @@ class _Starts:
         return kept[np.r_[seed[1:] != seed[:-1], True]] if len(kept) else kept
 
 
-def _argsort(frame: pl.DataFrame, columns: list[str]) -> pl.Series:
-    """Row order by ``columns`` (integers), from one argsort of their packed key."""
-    return frame.select(pl.arg_sort_by(order_key(frame, columns))).to_series()
+def _argsort(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:
+    """Row order by ``columns`` (integers, telling the rows apart), from one argsort of
+    their packed key where they pack into one integer."""
+    key = order_key(frame, columns)
+    if len(key) == 1:
+        return _sorting(frame.select(key).to_series().to_numpy())
+    return frame.select(pl.arg_sort_by(key)).to_series().to_numpy()
+
+
+def _sorting(key: np.ndarray) -> np.ndarray:
+    """The order of distinct integers: numpy's stable sort, which merges the runs
+    already in order (events arrive nearly in time order: several times faster than a
+    general sort here)."""
+    return np.argsort(key, kind="stable")
 
 
 def _by_seed(frame: pl.DataFrame, seed: np.ndarray, seeds: int) -> pl.DataFrame:
@@ -230,7 +241,7 @@ def _segments(
         sort_keys = sort_keys.with_columns(germ["run_id"].gather(own))
         piece_order = sort_keys.select(pl.arg_sort_by("run_id", *by)).to_series().to_numpy()
     else:  # one run id sorts like none
-        piece_order = _argsort(sort_keys, by).to_numpy()
+        piece_order = _argsort(sort_keys, by)
     stages = pl.concat(
         [pl.repeat(SeedStage.GERMINATED.value, germ.height, eager=True), changes["to_stage"]]
     )

@@ -83,12 +83,13 @@ class Partials:
             summed.append(col)
         rows, sums = _grouped_sums(summed, group, n)
         used = np.flatnonzero(rows)
+        counts = rows[used]
         return cls(
             radix,
             used,
-            rows[used],
+            counts,
             columns_of(sums, used),
-            {c: present[c][used] if c in present else rows[used] for c in SUMMED},
+            {c: present[c][used] if c in present else counts for c in SUMMED},
             keys,
         )
 
@@ -356,17 +357,20 @@ def group_sums(partials: Partials, keys: list[str], *, mean: bool = False) -> pl
     # Every column of the partials rolled up in one pass: group by group in the finest
     # groups' order, the additions of ``np.bincount(group, weights=...)``.
     columns = [partials.rows.astype(np.float64), *(partials.sums[c] for c in SUMMED)]
-    if mean:
-        columns += [partials.present[c].astype(np.float64) for c in SUMMED]
+    # A column without nulls is present in every row: its count is the rows' (the
+    # partials hold the rows' array itself for it), added once.
+    counted = [c for c in SUMMED if mean and partials.present[c] is not partials.rows]
+    columns += [partials.present[c].astype(np.float64) for c in counted]
     totals = np.zeros((len(columns), n))
     add_grouped(totals, np.zeros(n, dtype=np.int64), group, columns)
     out = [pl.Series("rows", totals[0], dtype=pl.UInt32, strict=False)]
+    where = {c: 1 + len(SUMMED) + i for i, c in enumerate(counted)}
     for j, c in enumerate(SUMMED, start=1):
         total = totals[j]
         if not mean:
             out.append(pl.Series(c, total, dtype=pl.Float64))
             continue
-        present = totals[j + len(SUMMED)]
+        present = totals[where.get(c, 0)]
         means = np.divide(total, present, out=np.zeros(n), where=present > 0)
         out.append(pl.Series(c, means).scatter(np.flatnonzero(present == 0), None))
     return key_values.with_columns(out)

@@ -120,6 +120,13 @@ class _Sums:
         self.rows = np.zeros(0, dtype=np.int64)
         self.sums = np.zeros((len(SUMMED), 0))
         self.present: dict[str, np.ndarray] = {}
+        self._scratch = np.zeros((2, 0), dtype=np.int64)
+
+    def scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two int64 buffers of ``rows`` entries, the same memory from call to call."""
+        if self._scratch.shape[1] < rows:
+            self._scratch = np.zeros((2, rows), dtype=np.int64)
+        return self._scratch[0, :rows], self._scratch[1, :rows]
 
     def op_ids(self, names: list[str]) -> np.ndarray:
         """Each name's op id; new names get the next ids and their codes."""
@@ -155,20 +162,19 @@ class _Sums:
             return None  # the in-memory way numbers these groups otherwise
         names = pl.Series(OP, list(self.ops), dtype=pl.String)
         order = names.arg_sort().to_numpy()  # op ids in sorted-name order
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        used = np.flatnonzero(self.rows)
-        codes = (used % self.inner) * len(self.ops) + rank[used // self.inner]
-        perm = np.argsort(codes, kind="stable")
-        slots = used[perm]
-        rows = self.rows[slots]
+        ops = len(order)
+        # The counts by (integer code, op rank): their flat index is the final code.
+        final = self.rows.reshape(ops, self.inner)[order].T.ravel()
+        codes = np.flatnonzero(final)
+        slots = order[codes % ops] * self.inner + codes // ops  # their op-major slots
+        rows = final[codes]
         digits = [
             pl.Series(key, np.arange(lo, hi + 1), dtype=pl.Int64)
             for key, (lo, hi) in zip(INT_KEYS, plan.ranges, strict=True)
         ]
         return Partials(
             radix_of([*digits, names.gather(order)]),
-            codes[perm],
+            codes,
             rows,
             columns_of(self.sums, slots),
             {c: self.present[c][slots] if c in self.present else rows for c in SUMMED},
@@ -193,23 +199,30 @@ def stream_partials(run: Run, checks: BatchChecks) -> Partials | None:
 
 
 def _codes(table: pa.Table, plan: _Plan, sums: _Sums) -> np.ndarray | None:
-    """Each row's op-major code, or None where a key is null."""
-    code = np.zeros(table.num_rows, dtype=np.int64)
-    for key, (lo, hi) in zip(INT_KEYS, plan.ranges, strict=True):
+    """Each row's op-major code (in a buffer reused by the next row group: no fresh
+    memory per row group), or None where a key is null."""
+    code, scratch = sums.scratch(table.num_rows)
+    for i, (key, (lo, hi)) in enumerate(zip(INT_KEYS, plan.ranges, strict=True)):
         values = table.column(key).chunk(0)
         if values.null_count:
             return None
-        code *= hi - lo + 1
-        code += values.to_numpy() - lo if lo else values.to_numpy()
+        if i:
+            np.multiply(code, hi - lo + 1, out=code)
+            np.add(code, values.to_numpy(), out=code)
+        else:
+            code[:] = values.to_numpy()
+        if lo:
+            np.subtract(code, lo, out=code)
     ops = table.column(OP).chunk(0)
     if ops.null_count:
         return None
     indices = ops.indices.to_numpy()
     seen = np.bincount(indices, minlength=len(ops.dictionary)) > 0
     names = ops.dictionary.to_pylist()
-    ids = np.zeros(len(names), dtype=np.int64)
-    ids[seen] = sums.op_ids([n for n, s in zip(names, seen, strict=True) if s])
-    code += ids[indices] * plan.inner
+    offsets = np.zeros(len(names), dtype=np.int64)
+    offsets[seen] = sums.op_ids([n for n, s in zip(names, seen, strict=True) if s]) * plan.inner
+    np.take(offsets, indices, out=scratch)
+    np.add(code, scratch, out=code)
     return code
 
 
