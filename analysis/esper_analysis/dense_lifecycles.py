@@ -162,13 +162,18 @@ def _by_seed(frame: pl.DataFrame, seed: np.ndarray, seeds: int) -> pl.DataFrame:
 def _stage_columns(changes: pl.DataFrame, starts: _Starts, seeds: int) -> pl.DataFrame:
     """Per seed: recorded epochs per live stage (integer sums in ``np.bincount``, exact
     below 2**53, in any row order) and the stage and step of its last change."""
-    seed = changes[SEED_ID].to_numpy()
+    live = len(LIVE_STAGES)  # the stage left as a digit: a live one's index, else this
+    left = changes["from_stage"].replace_strict(
+        LIVE_STAGES, range(live), default=live, return_dtype=pl.Int64
+    )
+    code = changes[SEED_ID].cast(pl.Int64).to_numpy() * (live + 1) + left.to_numpy()
     epochs = changes["epochs_in_prev_stage"].fill_null(0).to_numpy()
-    durations = {}
-    for stage in LIVE_STAGES:
-        left = (changes["from_stage"] == stage).fill_null(False).to_numpy()
-        sums = np.bincount(seed, weights=epochs * left, minlength=seeds)
-        durations[duration_column(stage)] = pl.Series(sums.astype(np.int64))
+    sums = np.bincount(code, weights=epochs, minlength=seeds * (live + 1))
+    by_stage = sums.reshape(seeds, live + 1).astype(np.int64)
+    durations = {
+        duration_column(stage): pl.Series(by_stage[:, i].copy())
+        for i, stage in enumerate(LIVE_STAGES)
+    }
     changed = np.zeros(len(starts.order), dtype=bool)
     changed[starts.germinations :] = changes["from_stage"].is_not_null().to_numpy()
     last = starts.last_of_seed(changed[starts.order])
@@ -242,8 +247,9 @@ def _segments(
         piece_order = sort_keys.select(pl.arg_sort_by("run_id", *by)).to_series().to_numpy()
     else:  # one run id sorts like none
         piece_order = _argsort(sort_keys, by)
-    stages = pl.concat(
-        [pl.repeat(SeedStage.GERMINATED.value, germ.height, eager=True), changes["to_stage"]]
+    stages = pl.concat(  # one chunk: a gather from many chunks of strings costs more
+        [pl.repeat(SeedStage.GERMINATED.value, germ.height, eager=True), changes["to_stage"]],
+        rechunk=True,
     )
     keys: pl.DataFrame = germ.select(SEED_KEY)[own[piece_order]]
     return keys.with_columns(

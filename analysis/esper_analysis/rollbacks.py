@@ -79,10 +79,13 @@ def rollback_audit(run: Run) -> RollbackAudit:
         "transitions_affected",
         "penalty",
     )
+    rb = rb.collect().lazy()  # small: its rounds filter the reward rows as they are read
     buffer_checked = run.rows_on_disk("reward_computed") > 0
     penalized = rb.select(*_EPISODE_KEY, step="penalized_step").unique()
+    rounds = rb.select(pl.col("round").unique()).collect().to_series()
     rewards = (
         run.scan("reward_computed")
+        .filter(pl.col("round").is_in(rounds.implode()))
         .join(penalized, on=_STEP_KEY, how="semi")
         .group_by(_STEP_KEY)
         .agg(buffer_penalty=pl.col("rollback_penalty").first())

@@ -10,11 +10,14 @@ when the episode ended, or when a crashed run stopped).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from esper.core.enums import SeedStage
+from esper_analysis.integrity import footer_values
 from esper_analysis.loader import Run
 
 SEED_KEY: Final = ["run_id", "rank", "round", "env", "slot", "seed_id"]
@@ -81,11 +84,13 @@ SEED_COLUMNS: Final = (
 )
 
 
-def seed_hashes() -> list[pl.Expr]:
-    """:data:`SEED_HASH` and :data:`SEED_CHECK` of a frame with the seed key."""
+def seed_hashes(key: Sequence[str] = SEED_KEY) -> list[pl.Expr]:
+    """:data:`SEED_HASH` and :data:`SEED_CHECK` of a frame with ``key``: the seed key,
+    or the seed key without ``run_id`` where every event has the same one."""
+    strings = [c for c in key if c in STR_KEY]
     return [
-        pl.struct(SEED_KEY).hash(HASH_SEED).alias(SEED_HASH),
-        pl.struct(STR_KEY).hash(CHECK_SEED).alias(SEED_CHECK),
+        pl.struct(key).hash(HASH_SEED).alias(SEED_HASH),
+        pl.struct(strings).hash(CHECK_SEED).alias(SEED_CHECK),
     ]
 
 
@@ -95,14 +100,37 @@ def read_seed_events(run: Run, *, keys: bool = True) -> dict[str, pl.DataFrame]:
 
     ``keys=False``: only the germinations keep the key's strings (the other events are
     matched to their seed by the hashes and the integer key, the dense way's reading).
+    Where the footers prove one ``run_id`` for every seed event, it is neither read
+    nor hashed, and added to the frames as a constant.
     """
+    run_id = _one_run_id(run)
+    hashed = SEED_KEY if run_id is None else [c for c in SEED_KEY if c != "run_id"]
     plans = []
     for t, cols in COLUMNS.items():
         key = SEED_KEY if keys or t == SEED_EVENT_TYPES[0] else INT_KEY
-        plans.append(
-            run.scan(t).with_columns(seed_hashes()).select(*key, SEED_HASH, SEED_CHECK, *cols)
-        )
+        lf = run.scan(t).with_columns(seed_hashes(hashed))
+        if run_id is not None and "run_id" in key:
+            lf = lf.with_columns(run_id=pl.lit(run_id, dtype=pl.String))
+        plans.append(lf.select(*key, SEED_HASH, SEED_CHECK, *cols))
     return dict(zip(COLUMNS, pl.collect_all(plans), strict=True))
+
+
+def _one_run_id(run: Run) -> str | None:
+    """The one ``run_id`` of every seed event, where the footers prove it (statistics of
+    every row group, no nulls), else None."""
+    found: set[object] = set()
+    for event_type in SEED_EVENT_TYPES:
+        for part in run.files.get(event_type, ()):
+            values = (
+                None
+                if part.table is not None
+                else footer_values(pq.read_metadata(part.path), "run_id")
+            )
+            if values is None or values[1] != 0:
+                return None
+            found |= values[0]
+    only = found.pop() if len(found) == 1 else None
+    return only if isinstance(only, str) else None
 
 
 def order_key(frame: pl.DataFrame, columns: list[str]) -> list[str | pl.Expr]:

@@ -199,7 +199,10 @@ def test_seeds_germinated_in_the_same_step_sort_by_slot_then_seed_id(
     frames = lc.read_seed_events(run)
     germ = frames["seed_germinated"]
     slot = pl.col("slot") if same_slot else pl.lit("a-slot")
-    twins = germ.head(1).with_columns(slot=slot, seed_id=pl.lit("a-twin"))
+    # a seq of its own: events of one rank never share one (the timeline sorts on it)
+    twins = germ.head(1).with_columns(
+        slot=slot, seed_id=pl.lit("a-twin"), seq=pl.col("seq") + germ["seq"].max()
+    )
     twins = twins.with_columns(seed_hashes())
     germ = pl.concat([germ, twins])
     frames = _with_frame(frames, "seed_germinated", germ)

@@ -240,3 +240,22 @@ def test_the_run_counter_refuses_malformed_streams() -> None:
 def test_nested_counts_of_an_unsorted_table() -> None:
     frame = pl.DataFrame({"type": ["b", "a", "b"], "round": [1, 2, 3], "events": [5, 6, 7]})
     assert _nested(frame, "round") == {"a": {"2": 6}, "b": {"1": 5, "3": 7}}
+
+
+def test_lifecycles_the_same_where_footers_do_not_prove_the_run_id(
+    scripted_run: Path, tmp_path: Path
+) -> None:
+    """One run_id proven by the footers is added as a constant (not read, not hashed);
+    without statistics it is read and hashed: the same tables either way."""
+    from esper_analysis import lifecycles, seed_events
+
+    plain = copy_run(scripted_run, tmp_path / "plain")
+    for part in (plain / "events").glob("type=seed_*/**/*.parquet"):
+        _rewrite(part, lambda t: t, write_statistics=False)
+    proven, unproven = load_run(scripted_run), load_run(plain)
+    assert seed_events._one_run_id(proven) == proven.run_id
+    assert seed_events._one_run_id(unproven) is None
+    a, b = lifecycles.seed_lifecycles(proven), lifecycles.seed_lifecycles(unproven)
+    for name in ("seeds", "by_blueprint", "segments"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.schema == y.schema and x.equals(y, null_equal=True), name
