@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Final
 
 import numpy as np
 import polars as pl
 
 from esper.telemetry.events import EVENT_LEVELS, EVENT_TYPES
-from esper_analysis.dict_counts import dictionary_histograms
+from esper_analysis.dict_counts import Histogram, dictionary_histograms
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
 
@@ -61,6 +62,8 @@ class Counts(AnalysisResult):
 _DIMENSIONS: Final = ("round", "env", "step", "rank")
 #: The ones read from the data (the ranks usually come from the footers).
 _READ: Final = _DIMENSIONS[:-1]
+#: Event types whose pages are counted at once.
+_PAGE_THREADS: Final = 2
 #: Rows read at once: bounds memory (4 int64 columns: 80 MB) on runs of any size.
 BATCH_ROWS: Final = 2_500_000
 
@@ -171,9 +174,16 @@ def _counted_from_pages(
     (:mod:`esper_analysis.dict_counts`) to ``totals`` and ``parts``; returns the types
     left to read. Only where the footers give the ranks: a rank read as a column fills
     its nulls with the directory's rank, which counting the pages would not."""
+
+    def count(event_type: str) -> tuple[dict[str, Histogram], int] | None:
+        return dictionary_histograms(run, event_type, _READ) if known[event_type] else None
+
+    # Two at a time: decompression and the run counter release the GIL.
+    with ThreadPoolExecutor(max_workers=_PAGE_THREADS, thread_name_prefix="esper-counts") as pool:
+        counted = dict(zip(known, pool.map(count, known), strict=True))
     read = []
     for event_type, ranks in known.items():
-        fast = dictionary_histograms(run, event_type, _READ) if ranks is not None else None
+        fast = counted[event_type]
         if ranks is None or fast is None:
             read.append(event_type)
             continue

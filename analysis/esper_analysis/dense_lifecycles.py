@@ -19,6 +19,7 @@ tables, row for row (tested).
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 import numpy as np
@@ -64,10 +65,14 @@ def dense_tables(
     if dense is None:
         return None
     starts = _Starts.of(germ, dense[_CHANGED])
-    seeds = _seed_table(run, germ, dense, starts).collect()
-    if seeds.height != germ.height:  # an episode finished twice: the join repeated seeds
-        return None
-    return seeds.drop(SEED_ID), _segments(germ, dense[_CHANGED], starts, seeds)
+    # The pieces of the timeline on a second thread while the seed table is built
+    # (both mostly polars and numpy work, which release the GIL).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="esper-lifecycles") as pool:
+        pieces = pool.submit(_Pieces.of, germ, dense[_CHANGED], starts)
+        seeds = _seed_table(run, germ, dense, starts).collect()
+        if seeds.height != germ.height:  # an episode finished twice: seeds repeated
+            return None
+        return seeds.drop(SEED_ID), _segments(pieces.result(), seeds)
 
 
 def _in_seed_order(germ: pl.DataFrame) -> pl.DataFrame:
@@ -217,43 +222,54 @@ def _seed_table(
     return derived_seed_columns(joined, SEED_ID)
 
 
-def _segments(
-    germ: pl.DataFrame, changes: pl.DataFrame, starts: _Starts, seeds: pl.DataFrame
-) -> pl.DataFrame:
+@dataclasses.dataclass(frozen=True)
+class _Pieces:
+    """The timeline pieces in their final order, all but their ends (which need the
+    seed table): built while the seed table is."""
+
+    keys: pl.DataFrame  # the seed key and stage of each piece, in order
+    own: np.ndarray  # each piece's seed, in order
+    step: pl.Series  # start step, in order
+    next_step: pl.Series  # the seed's next transition (null for its last piece)
+
+    @classmethod
+    def of(cls, germ: pl.DataFrame, changes: pl.DataFrame, starts: _Starts) -> _Pieces:
+        order, seed = starts.order, starts.seed
+        step = starts.frame["step"].gather(order)
+        last = np.flatnonzero(np.r_[seed[1:] != seed[:-1], True])
+        next_step = step.shift(-1).scatter(last, None)
+        on_timeline = np.concatenate(
+            [
+                np.full(germ.height, SeedStage.GERMINATED.value in TIMELINE_STAGES),
+                changes["to_stage"].is_in(TIMELINE_STAGES).fill_null(False).to_numpy(),
+            ]
+        )
+        keep = on_timeline[order]
+        start, own = order[keep], seed[keep]  # each piece's row in the starts, its seed
+        step, next_step = step.filter(keep), next_step.filter(keep)
+        by = [*INT_KEY, "step", "seq"]
+        sort_keys = germ.select(*INT_KEY)[own].with_columns(
+            step=step, seq=starts.frame["seq"].gather(start)
+        )
+        if germ["run_id"].n_unique() > 1:
+            sort_keys = sort_keys.with_columns(germ["run_id"].gather(own))
+            piece_order = sort_keys.select(pl.arg_sort_by("run_id", *by)).to_series().to_numpy()
+        else:  # one run id sorts like none
+            piece_order = _argsort(sort_keys, by)
+        stages = pl.concat(  # one chunk: a gather from many chunks of strings costs more
+            [pl.repeat(SeedStage.GERMINATED.value, germ.height, eager=True), changes["to_stage"]],
+            rechunk=True,
+        )
+        own = own[piece_order]
+        keys = germ.select(SEED_KEY)[own].with_columns(stage=stages.gather(start[piece_order]))
+        return cls(keys, own, step.gather(piece_order), next_step.gather(piece_order))
+
+
+def _segments(pieces: _Pieces, seeds: pl.DataFrame) -> pl.DataFrame:
     """Timeline pieces ``(seed, stage, start_step, end_step)`` of live and fossilized
     stages: a piece ends at the seed's next transition, the last one at the episode's
     end. Sorted by run, rank, round, env, start step and ``seq`` (a total order)."""
-    order, seed = starts.order, starts.seed
-    step = starts.frame["step"].gather(order)
-    next_step = step.shift(-1).scatter(np.flatnonzero(np.r_[seed[1:] != seed[:-1], True]), None)
-    on_timeline = np.concatenate(
-        [
-            np.full(germ.height, SeedStage.GERMINATED.value in TIMELINE_STAGES),
-            changes["to_stage"].is_in(TIMELINE_STAGES).fill_null(False).to_numpy(),
-        ]
-    )
-    keep = on_timeline[order]
-    start, own = order[keep], seed[keep]  # each piece's row in the starts, and its seed
-    ends = seeds.select("episode_end_step", "ended_step")[own]
-    pieces = pl.DataFrame({"step": step.filter(keep), "next_step": next_step.filter(keep)})
-    end_step = pl.coalesce("next_step", "episode_end_step", "ended_step", "step")
-    pieces = pieces.hstack(ends).select("step", end_step=end_step)
-    by = [*INT_KEY, "step", "seq"]
-    sort_keys = germ.select(*INT_KEY)[own].with_columns(
-        step=pieces["step"], seq=starts.frame["seq"].gather(start)
-    )
-    if germ["run_id"].n_unique() > 1:
-        sort_keys = sort_keys.with_columns(germ["run_id"].gather(own))
-        piece_order = sort_keys.select(pl.arg_sort_by("run_id", *by)).to_series().to_numpy()
-    else:  # one run id sorts like none
-        piece_order = _argsort(sort_keys, by)
-    stages = pl.concat(  # one chunk: a gather from many chunks of strings costs more
-        [pl.repeat(SeedStage.GERMINATED.value, germ.height, eager=True), changes["to_stage"]],
-        rechunk=True,
-    )
-    keys: pl.DataFrame = germ.select(SEED_KEY)[own[piece_order]]
-    return keys.with_columns(
-        stage=stages.gather(start[piece_order]),
-        start_step=pieces["step"].gather(piece_order),
-        end_step=pieces["end_step"].gather(piece_order),
-    )
+    ends = seeds.select("episode_end_step", "ended_step")[pieces.own]
+    end_step = pl.coalesce("next_step", "episode_end_step", "ended_step", "start_step")
+    steps = ends.with_columns(start_step=pieces.step, next_step=pieces.next_step)
+    return pieces.keys.hstack(steps.select("start_step", end_step=end_step))

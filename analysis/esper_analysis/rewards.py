@@ -15,6 +15,7 @@ to call).
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Final
 
 import numpy as np
@@ -95,19 +96,24 @@ def reward_breakdown(run: Run, *, stream: bool = True) -> RewardBreakdown:
     flagged = flagged.with_columns(diff=pl.col("component_sum") - pl.col("total")).sort(
         "round", "env", "step", maintain_order=True
     )
-    by_component = _component_table(comp, partials)
-    by_env = group_sums(partials, ["env"]).sort("env")
-    by_episode = (
-        group_sums(partials, ["rank", "round", "env"])
-        .join(reported, on=["rank", "round", "env"], how="left")
-        .sort("round", "env", "rank")
-    )
-    by_op = (
-        group_sums(partials, ["op"])
-        .with_columns(mean_total=pl.col("total") / pl.col("rows"))
-        .sort("op")
-    )
-    by_round = group_sums(partials, ["round"], mean=True).sort("round")
+    # The two largest roll-ups on a second thread while the others are built (numpy's
+    # kernels and polars release the GIL).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="esper-rewards") as pool:
+        per_episode = pool.submit(group_sums, partials, ["rank", "round", "env"])
+        per_round = pool.submit(group_sums, partials, ["round"], mean=True)
+        by_component = _component_table(comp, partials)
+        by_env = group_sums(partials, ["env"]).sort("env")
+        by_op = (
+            group_sums(partials, ["op"])
+            .with_columns(mean_total=pl.col("total") / pl.col("rows"))
+            .sort("op")
+        )
+        by_episode = (
+            per_episode.result()
+            .join(reported, on=["rank", "round", "env"], how="left")
+            .sort("round", "env", "rank")
+        )
+        by_round = per_round.result().sort("round")
     return RewardBreakdown(
         by_component=by_component,
         by_env=by_env,
