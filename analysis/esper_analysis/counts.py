@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import polars as pl
@@ -110,13 +110,25 @@ def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
     types = frame["type"]
     starts = np.flatnonzero(np.r_[True, (types[1:] != types[:-1]).to_numpy()])
     ends = [*starts[1:].tolist(), frame.height]
-    keys = frame[dim].cast(pl.String).to_list()
+    keys = _decimal_strings(frame[dim])
     events = frame["events"].to_list()
     names = types.gather(starts).to_list()
     return {
         str(name): dict(zip(keys[a:b], events[a:b], strict=True))
         for name, a, b in zip(names, starts.tolist(), ends, strict=True)
     }
+
+
+def _decimal_strings(values: pl.Series) -> list[Any]:
+    """``str`` of every integer (None for a null): over a small range, each distinct
+    value's string is made once and gathered (a round repeats once per event type)."""
+    low, high = values.min(), values.max()
+    if values.null_count() or not isinstance(low, int) or not isinstance(high, int):
+        return values.cast(pl.String).to_list()
+    if high - low > len(values):
+        return values.cast(pl.String).to_list()
+    names = np.array([str(v) for v in range(low, high + 1)], dtype=np.object_)
+    return list(names[values.to_numpy() - low].tolist())
 
 
 def _breakdown_schema(dim: str) -> pl.Schema:

@@ -259,3 +259,11 @@ def test_lifecycles_the_same_where_footers_do_not_prove_the_run_id(
     for name in ("seeds", "by_blueprint", "segments"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.schema == y.schema and x.equals(y, null_equal=True), name
+
+
+def test_decimal_strings_of_small_wide_negative_and_null_ranges() -> None:
+    from esper_analysis.counts import _decimal_strings
+
+    for values in ([3, 1, 3, 2], [-2, 0, -2], [5, 10**12], [7, None, 7], [], [None]):
+        series = pl.Series(values, dtype=pl.Int64)
+        assert _decimal_strings(series) == series.cast(pl.String).to_list(), values
