@@ -90,9 +90,12 @@ def footer_values(meta: pq.FileMetaData, name: str) -> tuple[set[object], int | 
 
 
 def footer_run_id(meta: pq.FileMetaData) -> str | None:
-    """The file's single ``run_id`` from the footer statistics, or None if not provable."""
+    """The file's single ``run_id`` from the footer statistics, or None if not provable
+    (a null among the rows, or nulls not counted, is not that run's)."""
     found = footer_values(meta, "run_id")
-    only = found[0].pop() if found is not None and len(found[0]) == 1 else None
+    if found is None or found[1] != 0 or len(found[0]) != 1:
+        return None
+    only = found[0].pop()
     return only if isinstance(only, str) else None
 
 

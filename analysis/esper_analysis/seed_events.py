@@ -14,10 +14,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from esper.core.enums import SeedStage
-from esper_analysis.integrity import footer_values
 from esper_analysis.loader import Run
 
 SEED_KEY: Final = ["run_id", "rank", "round", "env", "slot", "seed_id"]
@@ -116,21 +114,16 @@ def read_seed_events(run: Run, *, keys: bool = True) -> dict[str, pl.DataFrame]:
 
 
 def _one_run_id(run: Run) -> str | None:
-    """The one ``run_id`` of every seed event, where the footers prove it (statistics of
+    """The one ``run_id`` of every seed event, where every file's footer proves it
+    (:attr:`PartFile.run_id <esper_analysis.parts.PartFile.run_id>`: statistics of
     every row group, no nulls), else None."""
-    found: set[object] = set()
+    found: set[str] = set()
     for event_type in SEED_EVENT_TYPES:
         for part in run.files.get(event_type, ()):
-            values = (
-                None
-                if part.table is not None
-                else footer_values(pq.read_metadata(part.path), "run_id")
-            )
-            if values is None or values[1] != 0:
+            if part.table is not None or part.run_id is None:
                 return None
-            found |= values[0]
-    only = found.pop() if len(found) == 1 else None
-    return only if isinstance(only, str) else None
+            found.add(part.run_id)
+    return found.pop() if len(found) == 1 else None
 
 
 def order_key(frame: pl.DataFrame, columns: list[str]) -> list[str | pl.Expr]:

@@ -267,3 +267,12 @@ def test_decimal_strings_of_small_wide_negative_and_null_ranges() -> None:
     for values in ([3, 1, 3, 2], [-2, 0, -2], [5, 10**12], [7, None, 7], [], [None]):
         series = pl.Series(values, dtype=pl.Int64)
         assert _decimal_strings(series) == series.cast(pl.String).to_list(), values
+
+
+def test_a_footer_proves_a_run_id_only_without_nulls(tmp_path: Path) -> None:
+    from esper_analysis.integrity import footer_run_id
+
+    for values, proven in ((["r", "r"], "r"), (["r", None], None), (["r", "s"], None)):
+        path = tmp_path / "part.parquet"
+        pq.write_table(pa.table({"run_id": pa.array(values, pa.string())}), path)
+        assert footer_run_id(pq.read_metadata(path)) == proven, values
