@@ -10,28 +10,22 @@ numpy and polars), with the same output.
 
 from setuptools import Extension, setup
 
+
+def optional(name: str, *sources: str, depends: tuple[str, ...] = ()) -> Extension:
+    """A C module the install builds where it can, and skips otherwise."""
+    return Extension(name, sources=list(sources), depends=list(depends), optional=True)
+
+
 setup(
     ext_modules=[
-        Extension(
+        optional(
             "esper.telemetry._columns",
-            sources=["src/esper/telemetry/_columns.c", "src/esper/telemetry/_columns_values.c"],
-            depends=["src/esper/telemetry/_columns_values.h"],
-            optional=True,
+            "src/esper/telemetry/_columns.c",
+            "src/esper/telemetry/_columns_values.c",
+            depends=("src/esper/telemetry/_columns_values.h",),
         ),
-        Extension(
-            "esper.telemetry._emit",
-            sources=["src/esper/telemetry/_emit.c"],
-            optional=True,
-        ),
-        Extension(
-            "esper_analysis._grouped",
-            sources=["analysis/esper_analysis/_grouped.c"],
-            optional=True,
-        ),
-        Extension(
-            "esper_analysis._rle",
-            sources=["analysis/esper_analysis/_rle.c"],
-            optional=True,
-        ),
+        optional("esper.telemetry._emit", "src/esper/telemetry/_emit.c"),
+        optional("esper_analysis._grouped", "analysis/esper_analysis/_grouped.c"),
+        optional("esper_analysis._rle", "analysis/esper_analysis/_rle.c"),
     ]
 )

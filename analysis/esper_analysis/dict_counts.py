@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from esper.core.native import load_native
 from esper_analysis.loader import Run
-from esper_analysis.page_crc import map_file, skip_value, zigzag
+from esper_analysis.page_crc import map_file, parse_struct
 
 #: The native run counter, or None where not built or turned off.
 _native = load_native("esper_analysis._rle")
@@ -52,9 +52,6 @@ _RLE: Final = 3
 #: PageHeader fields: type, sizes, and the three kinds of page header.
 _TYPE, _UNCOMPRESSED, _COMPRESSED = 1, 2, 3
 _V1, _DICT, _V2 = 5, 7, 8
-#: Compact-protocol types read as values (the rest are skipped).
-_BOOL_TRUE, _BOOL_FALSE, _STRUCT = 1, 2, 12
-_INTEGERS: Final = frozenset({4, 5, 6})
 _LEVELS_LENGTH_BYTES: Final = 4
 #: Values spanning at most this many more integers than there are values are counted
 #: by one ``np.bincount`` over their offsets (else sorted).
@@ -240,28 +237,8 @@ def _merged(parts: list[Histogram]) -> Histogram:
 
 
 def _struct(buf: memoryview, pos: int) -> tuple[dict[int, Any], int]:
-    """A compact-protocol struct at ``pos`` as ``{field id: value}`` (integers, booleans
-    and nested structs; other fields skipped), and the position after it."""
-    out: dict[int, Any] = {}
-    field = 0
+    """:func:`~esper_analysis.page_crc.parse_struct`; a header it cannot parse declines."""
     try:
-        while True:
-            head = buf[pos]
-            pos += 1
-            if head == 0:
-                return out, pos
-            kind = head & 0x0F
-            if head >> 4:
-                field += head >> 4
-            else:
-                field, pos = zigzag(buf, pos)
-            if kind in _INTEGERS:
-                out[field], pos = zigzag(buf, pos)
-            elif kind == _STRUCT:
-                out[field], pos = _struct(buf, pos)
-            elif kind in (_BOOL_TRUE, _BOOL_FALSE):
-                out[field] = kind == _BOOL_TRUE
-            else:
-                pos = skip_value(buf, pos, kind)
+        return parse_struct(buf, pos)
     except (IndexError, ValueError):
         raise _Declined from None

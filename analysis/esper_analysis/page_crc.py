@@ -22,7 +22,7 @@ import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import pyarrow.parquet as pq
 
@@ -163,6 +163,28 @@ def _field(buf: bytes | memoryview, pos: int, last: int) -> tuple[int, int, int]
         return last + delta, kind, pos
     field_id, pos = zigzag(buf, pos)
     return field_id, kind, pos
+
+
+def parse_struct(buf: bytes | memoryview, pos: int) -> tuple[dict[int, Any], int]:
+    """A compact-protocol struct at ``pos`` as ``{field id: value}`` (integers, booleans
+    and nested structs; other fields skipped), and the position after it. Raises
+    IndexError past the buffer's end and :class:`PageChecksumError` on an unknown type.
+    (The checksum pass parses headers by hand, for speed; this is for the few callers
+    that need more of a header than its sizes.)"""
+    out: dict[int, Any] = {}
+    field_id = 0
+    while True:
+        field_id, kind, pos = _field(buf, pos, field_id)
+        if kind == 0:
+            return out, pos
+        if kind in _VARINTS:
+            out[field_id], pos = zigzag(buf, pos)
+        elif kind == _STRUCT:
+            out[field_id], pos = parse_struct(buf, pos)
+        elif kind in (_BOOL_TRUE, _BOOL_FALSE):
+            out[field_id] = kind == _BOOL_TRUE
+        else:
+            pos = skip_value(buf, pos, kind)
 
 
 def _skip_struct(buf: bytes | memoryview, pos: int) -> int:

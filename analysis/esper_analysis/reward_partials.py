@@ -37,29 +37,21 @@ _native = load_native("esper_analysis._grouped")
 _MAX_DIRECT_CODES: Final = 4
 
 
+@dataclasses.dataclass
 class Partials:
     """Row counts, sums and non-null counts of every summed column per finest group
     (rank, round, env, op), accumulated in row order. Every table is a roll-up of these
     partials, so the large frame is grouped once and its columns are read in place."""
 
-    def __init__(
-        self,
-        radix: Radix | None,
-        codes: np.ndarray,
-        rows: np.ndarray,
-        sums: dict[str, np.ndarray],
-        present: dict[str, np.ndarray],
-        keys: pl.DataFrame | None = None,
-    ) -> None:
-        self.radix = radix
-        #: The finest groups: on the radix path their mixed-radix codes, ascending (group
-        #: ``g`` is ``codes[g]``); on the key path ``0..groups-1``, with ``keys``.
-        self.codes = codes
-        self.rows = rows
-        self.sums = sums
-        self.present = present
-        self._keys = keys
-        self._digits: dict[int, np.ndarray] = {}
+    radix: Radix | None
+    #: The finest groups: on the radix path their mixed-radix codes, ascending (group
+    #: ``g`` is ``codes[g]``); on the key path ``0..groups-1``, with ``key_values``.
+    codes: np.ndarray
+    rows: np.ndarray
+    sums: dict[str, np.ndarray]
+    present: dict[str, np.ndarray]
+    key_values: pl.DataFrame | None = None
+    _digits: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def of(cls, df: pl.DataFrame) -> Partials:
@@ -98,8 +90,8 @@ class Partials:
         values. On the mixed-radix path each key's digit is arithmetic on the finest
         group's code (no second grouping of the key frame)."""
         if self.radix is None:
-            assert self._keys is not None
-            return _grouped(self._keys, keys)
+            assert self.key_values is not None
+            return _grouped(self.key_values, keys)
         sizes = [len(values) for values in self.radix.digits]
         code = np.zeros(len(self.codes), dtype=np.int64)
         size = 1
@@ -126,8 +118,8 @@ class Partials:
         """Each finest group's key values (decoded on demand on the radix path: the
         tables decode only their own keys)."""
         if self.radix is None:
-            assert self._keys is not None
-            return self._keys
+            assert self.key_values is not None
+            return self.key_values
         return _key_values(self.codes, self.radix.digits)
 
     @property

@@ -34,7 +34,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from esper_analysis.loader import Run
-from esper_analysis.parts import PartFile
 from esper_analysis.reward_partials import (
     FINE,
     SUMMED,
@@ -62,9 +61,10 @@ BatchChecks = Callable[[pa.Table], None]
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """The files in scan order, and each integer key's range over all of them."""
+    """The files in scan order (with their footers), and each integer key's range over
+    all of them."""
 
-    files: list[Path]
+    files: list[tuple[Path, pq.FileMetaData]]
     ranges: list[tuple[int, int]]
     rows: int
 
@@ -76,14 +76,15 @@ class _Plan:
         ordered = sorted(parts, key=lambda p: p.rank)  # stable: files keep their order
         low = dict.fromkeys(INT_KEYS, np.iinfo(np.int64).max)
         high = dict.fromkeys(INT_KEYS, np.iinfo(np.int64).min)
-        for part in ordered:
-            if not _footer_ranges(part, low, high):
+        footers = [pq.read_metadata(part.path) for part in ordered]
+        for meta in footers:
+            if not _footer_ranges(meta, low, high):
                 return None
         rows = sum(p.rows for p in ordered)
         if not rows:
             return None
         ranges = [(int(low[k]), int(high[k])) for k in INT_KEYS]
-        return cls([p.path for p in ordered], ranges, rows)
+        return cls([(p.path, m) for p, m in zip(ordered, footers, strict=True)], ranges, rows)
 
     @property
     def inner(self) -> int:
@@ -91,10 +92,9 @@ class _Plan:
         return int(np.prod([hi - lo + 1 for lo, hi in self.ranges], dtype=np.int64))
 
 
-def _footer_ranges(part: PartFile, low: dict[str, int], high: dict[str, int]) -> bool:
+def _footer_ranges(meta: pq.FileMetaData, low: dict[str, int], high: dict[str, int]) -> bool:
     """Widen ``low``/``high`` to ``part``'s integer keys; False where its footer lacks a
     column, a type or the statistics (min, max, no nulls) of every row group."""
-    meta = pq.read_metadata(part.path)
     schema = meta.schema.to_arrow_schema()
     for name, kinds in COLUMN_TYPES.items():
         if schema.get_field_index(name) < 0 or schema.field(name).type not in kinds:
@@ -226,12 +226,14 @@ def _codes(table: pa.Table, plan: _Plan, sums: _Sums) -> np.ndarray | None:
     return code
 
 
-def _read_ahead(pool: ThreadPoolExecutor, files: list[Path]) -> Iterator[pa.Table]:
+def _read_ahead(
+    pool: ThreadPoolExecutor, files: list[tuple[Path, pq.FileMetaData]]
+) -> Iterator[pa.Table]:
     """Every row group of ``files`` in order (one chunk per column, op dictionary
     encoded), the next one read on ``pool`` while the caller works on this one."""
     pending: Future[pa.Table] | None = None
-    for path in files:
-        reader = pq.ParquetFile(path, read_dictionary=[OP])
+    for path, meta in files:
+        reader = pq.ParquetFile(path, metadata=meta, read_dictionary=[OP])
         for group in range(reader.num_row_groups):
             ahead = pool.submit(_read_group, reader, group)
             if pending is not None:
