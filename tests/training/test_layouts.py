@@ -39,8 +39,13 @@ def test_decision_row_op_mask_width_is_n_ops_not_a_literal() -> None:
 
 
 def test_ppo_metrics_layout_covers_every_packed_stat() -> None:
-    assert METRICS_LAYOUT.names[-3:] == ("explained_variance", "value_mean", "return_mean")
-    assert METRICS_LAYOUT.width == 7 + 2 * N_HEADS + 3
+    assert METRICS_LAYOUT.names[-4:] == (
+        "explained_variance",
+        "value_mean",
+        "return_mean",
+        "inputs_finite",
+    )
+    assert METRICS_LAYOUT.width == 7 + 2 * N_HEADS + 4
 
 
 def test_step_stats_unpack_by_layout() -> None:

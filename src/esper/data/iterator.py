@@ -113,6 +113,21 @@ class SharedBatchIterator:
                 batches.append((x[lo:hi], y[lo:hi]))  # dim-0 slices keep channels-last strides
             yield batches
 
+    def epoch_stacked(self, epoch_index: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """:meth:`epoch` for batched envs: per step, inputs [n_envs, B, ...] and targets
+        [n_envs, B], views of the epoch's one gather (no copy per env or batch)."""
+        rows = self.epoch_indices(epoch_index)
+        idx = (rows.reshape(-1) if self.split else rows[0]).to(self.device)
+        x = _layout(self.train_x.index_select(0, idx), self.channels_last)
+        y = self.train_y.index_select(0, idx)
+        if self.split:
+            xs, ys = x.view(self.n_envs, self.per_env, *x.shape[1:]), y.view(self.n_envs, -1)
+        else:
+            xs, ys = x.expand(self.n_envs, *x.shape), y.expand(self.n_envs, *y.shape)
+        for start in range(0, self.per_env, self.batch_size):
+            stop = min(start + self.batch_size, self.per_env)
+            yield xs[:, start:stop], ys[:, start:stop]
+
     def val_batches(
         self, val_x: Tensor, val_y: Tensor, batch_size: int, limit: int | None = None
     ) -> list[Batch]:

@@ -134,7 +134,11 @@ class MorphogeneticModel(nn.Module):
 
     def current_alphas(self) -> Tensor:
         """Effective alpha of every slot now (CPU float32 [n_slots]; 0 where not blended)."""
-        return torch.tensor([self._slot(s).effective_alpha for s in self.slot_ids])
+        return torch.tensor(self.alpha_values())
+
+    def alpha_values(self) -> list[float]:
+        """:meth:`current_alphas` as host floats (no tensor: batched passes pack them)."""
+        return [self._slot(s).effective_alpha for s in self.slot_ids]
 
     # --- lifecycle -----------------------------------------------------------------------
 

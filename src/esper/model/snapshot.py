@@ -1,10 +1,15 @@
-"""Governor snapshots: host and fossilized seeds, as CPU tensors, restored bit-exactly.
+"""Governor snapshots: host and fossilized seeds, restored bit-exactly.
 
 A snapshot is a flat ``dict[str, Tensor]`` so it can be saved with ``torch.save`` and
 read back with ``weights_only=True``. Besides parameters and buffers it records which
 slots hold fossils and their identity (blueprint and seed id as UTF-8 byte tensors,
 style/tempo/ages and metrics as small numeric tensors), so a restore can rebuild a
 fossil that is missing and drop one the snapshot does not know.
+
+The tensors stay on the model's device: taking a snapshot is one copy per dtype
+(every tensor of that dtype packed into one clone, the entries are views of it), with
+no device-to-host transfer, so the governor can snapshot every few steps without
+stalling a GPU.
 """
 
 from __future__ import annotations
@@ -31,10 +36,34 @@ _INTS = "/ints"
 _FLOATS = "/floats"
 #: Restored fossils are rebuilt from this seed before their weights are overwritten.
 _REBUILD_SEED = 0
+_IMAGE_DIMS = 4
 
 
-def _cpu(t: Tensor) -> Tensor:
-    return t.detach().to("cpu", copy=True)
+def _channels_last(t: Tensor) -> bool:
+    return t.dim() == _IMAGE_DIMS and not t.is_contiguous() and t.is_contiguous(
+        memory_format=torch.channels_last
+    )
+
+
+def _packed_clone(named: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Clones of ``named`` on their device: one copy per dtype, entries are views (a
+    channels-last tensor keeps its layout, so packing it copies nothing extra)."""
+    out: dict[str, Tensor] = {}
+    for dtype in dict.fromkeys(t.dtype for t in named.values()):
+        group = {k: t.detach() for k, t in named.items() if t.dtype == dtype}
+        flat = torch.cat(
+            [(t.permute(0, 2, 3, 1) if _channels_last(t) else t).reshape(-1) for t in group.values()]
+        )
+        offset = 0
+        for k, t in group.items():
+            piece = flat[offset : offset + t.numel()]
+            if _channels_last(t):
+                o, i, h, w = t.shape
+                out[k] = piece.view(o, h, w, i).permute(0, 3, 1, 2)
+            else:
+                out[k] = piece.view(t.shape)
+            offset += t.numel()
+    return out
 
 
 def _text(value: str) -> Tensor:
@@ -46,14 +75,15 @@ def _untext(t: Tensor) -> str:
 
 
 def snapshot_model(model: MorphogeneticModel) -> dict[str, Tensor]:
-    state = {HOST + k: _cpu(v) for k, v in model.host.state_dict().items()}
-    for sid in model.slot_ids:
+    tensors = {HOST + k: v for k, v in model.host.state_dict().items()}
+    fossils = [sid for sid in model.slot_ids if model.slot(sid).stage == SeedStage.FOSSILIZED]
+    for sid in fossils:
+        for k, v in model.slot(sid).state_dict().items():
+            tensors[FOSSIL + sid + _STATE + k] = v
+    state = _packed_clone(tensors)
+    for sid in fossils:
         slot = model.slot(sid)
-        if slot.stage != SeedStage.FOSSILIZED:
-            continue
         prefix = FOSSIL + sid
-        for k, v in slot.state_dict().items():
-            state[prefix + _STATE + k] = _cpu(v)
         life, m = slot.life, slot.metrics
         state[prefix + _BLUEPRINT] = _text(life.blueprint)
         state[prefix + _SEED_ID] = _text(life.seed_id)

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from esper.config import PolicyConfig
 from esper.core.constants import (
@@ -35,6 +34,7 @@ from esper.core.constants import (
 )
 from esper.core.enums import GerminationStyle, LifecycleOp, SeedStage
 from esper.core.records import SlotReport
+from esper.core.transfer import host_copy
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, encode_action
 from esper.policy.masks import order_reports
 from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
@@ -85,10 +85,11 @@ class HeuristicPolicy:
         device = inp.obs.device
         # One device->host transfer for the masks and the memory together.
         packed_masks = inp.masks.packed()
-        packed = (
-            torch.cat([packed_masks.float(), hidden[0][0].float(), hidden[1][0].float()], dim=1)
-            .cpu()
-            .numpy()
+        packed = np.array(
+            host_copy(
+                torch.cat([packed_masks.float(), hidden[0][0].float(), hidden[1][0].float()], dim=1)
+            ),
+            dtype=np.float32,
         )
         width = packed_masks.shape[1]
         masks = inp.masks.unpack(packed[:, :width] > 0.5)
@@ -115,7 +116,7 @@ class HeuristicPolicy:
             actions=actions,
             log_probs=zeros,
             value=torch.zeros(n, device=device),
-            op_probs=F.one_hot(actions[:, 0], N_OPS).float(),
+            op_probs=torch.eye(N_OPS, device=device)[actions[:, 0]],  # no one_hot sync
             entropy=zeros.clone(),
             hidden=new_hidden,
         )

@@ -58,6 +58,8 @@ class FactoredActorCritic(nn.Module):
 
     relevance: Tensor
     canonical: Tensor
+    op_one_hot: Tensor
+    head_columns: Tensor
 
     def __init__(
         self,
@@ -99,6 +101,14 @@ class FactoredActorCritic(nn.Module):
         self.register_buffer("relevance", relevance, persistent=False)
         canonical = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
         self.register_buffer("canonical", canonical, persistent=False)
+        # Rows of the identity: indexing it one-hot encodes the op without F.one_hot's
+        # host-side range check (a device sync on every decision on CUDA).
+        self.register_buffer("op_one_hot", torch.eye(N_OPS), persistent=False)
+        # Column of each head's logits in the [heads, widest] layout of all heads at once.
+        widths = [sizes[name] for name in HEAD_NAMES]
+        self.widest = max(widths)
+        columns = [h * self.widest + j for h, w in enumerate(widths) for j in range(w)]
+        self.register_buffer("head_columns", torch.tensor(columns), persistent=False)
         self._init_weights(op_prior)
 
     def _init_weights(self, op_prior: Sequence[float] | None) -> None:
@@ -134,39 +144,66 @@ class FactoredActorCritic(nn.Module):
         out: Tensor = self.feature_net(torch.cat([obs.float(), emb], dim=-1))
         return out
 
-    def _heads(
+    def _head_logits(self, core: Tensor, op: Tensor) -> Tensor:
+        """Every head's logits side by side [M, sum of head sizes] (the op head's, then
+        the sub-heads', which see the op): two matmuls, not one per head."""
+        x = torch.cat([core, self.op_one_hot[op].to(core.dtype)], dim=-1)
+        heads = [self.sub_heads[name] for name in HEAD_NAMES[1:]]
+        weight = torch.cat([h.weight for h in heads])  # type: ignore[union-attr]
+        bias = torch.cat([h.bias for h in heads])  # type: ignore[union-attr]
+        return torch.cat([self.op_head(core), F.linear(x, weight, bias)], dim=-1)
+
+    def _head_masks(self, masks: ActionMasks, op: Tensor) -> Tensor:
+        """Every head's mask side by side [M, sum of head sizes] (the slot head's is the
+        chosen op's row of the slot mask)."""
+        parts = [
+            masks.slot_for_op(op) if name == "slot" else masks.head(name) for name in HEAD_NAMES
+        ]
+        return torch.cat(parts, dim=-1)
+
+    def _padded(self, flat: Tensor, fill: float | bool) -> Tensor:
+        """[M, sum of sizes] -> [M, heads, largest size], ``fill`` beyond each head."""
+        out = flat.new_full((flat.shape[0], len(HEAD_NAMES) * self.widest), fill)
+        return out.index_copy(1, self.head_columns, flat).view(flat.shape[0], len(HEAD_NAMES), -1)
+
+    def _score_heads(
+        self, core: Tensor, masks: ActionMasks, actions: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(log_probs, entropy) [M, heads] of given actions: all heads at once, padded to
+        the widest head (padding masked), so a PPO minibatch costs a few kernels per
+        head set rather than a dozen per head."""
+        op = actions[:, 0]
+        mask = self._padded(self._head_masks(masks, op), False)
+        lp = masked_log_softmax(self._padded(self._head_logits(core, op), MASKED_LOGIT), mask)
+        chosen = lp.gather(2, actions[:, :, None]).squeeze(2)
+        return self._relevant_only(op, chosen, normalised_entropy(lp, mask))
+
+    def _relevant_only(self, op: Tensor, log_probs: Tensor, entropy: Tensor) -> tuple[Tensor, Tensor]:
+        relevant = self.relevance[op]
+        zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+        return torch.where(relevant, log_probs, zero), torch.where(relevant, entropy, zero)
+
+    def _sample_heads(
         self,
         core: Tensor,
         masks: ActionMasks,
-        given: Tensor | None,
         generator: torch.Generator | None,
         deterministic: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(actions, log_probs, entropy, op_probs) for flat inputs [M, ...].
-
-        With ``given`` actions the heads score them; otherwise they sample (op first).
-        """
+        """(actions, log_probs, entropy, op_probs) [M, ...]: the op first, then every
+        other head given it (each sampled from its own distribution, in head order)."""
         op_lp = masked_log_softmax(self.op_head(core), masks.op)
-        op = given[:, 0] if given is not None else _choose(op_lp, generator, deterministic)
-        x = torch.cat([core, F.one_hot(op, N_OPS).to(core.dtype)], dim=-1)
-        chosen, log_probs, entropy = (
-            [op],
-            [op_lp.gather(1, op[:, None])],
-            [normalised_entropy(op_lp, masks.op)],
+        op = _choose(op_lp, generator, deterministic)
+        mask = self._padded(self._head_masks(masks, op), False)
+        lp = masked_log_softmax(self._padded(self._head_logits(core, op), MASKED_LOGIT), mask)
+        chosen = [op]
+        for h, size in enumerate(self.space.head_sizes[n] for n in HEAD_NAMES[1:]):
+            chosen.append(_choose(lp[:, h + 1, :size], generator, deterministic))
+        actions = torch.where(self.relevance[op], torch.stack(chosen, dim=1), self.canonical)
+        log_probs, entropy = self._relevant_only(
+            op, lp.gather(2, actions[:, :, None]).squeeze(2), normalised_entropy(lp, mask)
         )
-        for h, name in enumerate(HEAD_NAMES[1:], start=1):
-            mask = masks.slot_for_op(op) if name == "slot" else masks.head(name)
-            lp = masked_log_softmax(self.sub_heads[name](x), mask)
-            a = given[:, h] if given is not None else _choose(lp, generator, deterministic)
-            chosen.append(a)
-            log_probs.append(lp.gather(1, a[:, None]))
-            entropy.append(normalised_entropy(lp, mask))
-        relevant = self.relevance[op]
-        actions = torch.where(relevant, torch.stack(chosen, dim=1), self.canonical)
-        zero = torch.zeros((), dtype=op_lp.dtype, device=op_lp.device)
-        lp_out = torch.where(relevant, torch.cat(log_probs, dim=1), zero)
-        ent_out = torch.where(relevant, torch.stack(entropy, dim=1), zero)
-        return actions, lp_out, ent_out, op_lp.exp()
+        return actions, log_probs, entropy, op_lp.exp()
 
     def forward(
         self, obs: Tensor, blueprint_ids: Tensor, hidden: Hidden, resets: Tensor | None = None
@@ -238,8 +275,8 @@ class FactoredActorCritic(nn.Module):
         else:
             raise TypeError("act(inp, hidden) or act(obs, blueprint_ids, masks, hidden)")
         core, new_hidden, values = self(obs.unsqueeze(1), blueprint_ids.unsqueeze(1), hidden)
-        actions, log_probs, entropy, op_probs = self._heads(
-            core.squeeze(1), masks, None, generator, deterministic
+        actions, log_probs, entropy, op_probs = self._sample_heads(
+            core.squeeze(1), masks, generator, deterministic
         )
         return PolicyStep(actions, log_probs, values.squeeze(1), op_probs, entropy, new_hidden)
 
@@ -260,8 +297,8 @@ class FactoredActorCritic(nn.Module):
         """
         n, t = obs.shape[:2]
         core, _, values = self(obs, blueprint_ids, hidden0, resets)
-        _, log_probs, entropy, _ = self._heads(
-            core.reshape(n * t, -1), masks.flatten_batch(), actions.reshape(n * t, -1), None, False
+        log_probs, entropy = self._score_heads(
+            core.reshape(n * t, -1), masks.flatten_batch(), actions.reshape(n * t, -1)
         )
         return EvalOutput(log_probs.view(n, t, -1), entropy.view(n, t, -1), values)
 

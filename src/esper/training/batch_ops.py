@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from esper.core.constants import HOST_GRAD_CLIP
 from esper.core.enums import AmpMode
 from esper.core.layout import Layout
+from esper.core.transfer import host_copy
 from esper.training.env_state import TRAIN_ACCUM, EnvState
 
 
@@ -247,7 +248,7 @@ def gather_step_stats(
         row = {"train": env.train_accum, "val": val, "grads": grads, "extra": extra}
         parts += [t.to(home) for t in row.values()]
         layouts.append(Layout(*((name, t.numel()) for name, t in row.items())))
-    host = torch.cat(parts).cpu().tolist()  # the step's single device-to-host transfer
+    host = host_copy(torch.cat(parts))  # the step's single device-to-host transfer
     return _unpack(host, layouts)
 
 

@@ -82,6 +82,8 @@ class RolloutBuffer:
             torch.zeros(n, t, lstm_hidden, device=dev),
         )
         self._hidden_written = [False] * t
+        #: Per step, the one done flag every env was written with (None: per env).
+        self._host_done: list[bool | None] = [None] * t
         self.steps_written = 0
         self._written = [False] * t  # host-side: checking it never syncs the device
         self.advantages_ready = False
@@ -101,6 +103,7 @@ class RolloutBuffer:
             values.zero_()
         self._written = [False] * self.horizon
         self._hidden_written = [False] * self.horizon
+        self._host_done = [None] * self.horizon
         self.steps_written = 0
         self.advantages_ready = False
 
@@ -116,10 +119,14 @@ class RolloutBuffer:
         values: Tensor,
         rewards_normalized: Tensor,
         rewards_raw: Tensor,
-        dones: Tensor,
+        dones: Tensor | bool,
         hidden: Hidden | None = None,
     ) -> None:
         """Write one step for all envs (tensors [N, ...]; ``values`` raw-scale).
+
+        ``dones`` may be one flag for every env (the trainer's episode end): then the
+        host knows it, and :meth:`compute_returns_and_advantages` needs no device read
+        to check that every row ends done.
 
         ``hidden`` is the policy's recurrent state after this decision ([1, N, H] each);
         without it the update can only replay whole env rows from ``hidden0``.
@@ -139,6 +146,7 @@ class RolloutBuffer:
         self.rewards_normalized[:, step] = rewards_normalized
         self.rewards_raw[:, step] = rewards_raw
         self.dones[:, step] = dones
+        self._host_done[step] = dones if isinstance(dones, bool) else None
         if not self._written[step]:
             self._written[step] = True
             self.steps_written += 1
@@ -240,9 +248,10 @@ class RolloutBuffer:
             raise RuntimeError(f"rollout incomplete: {self.steps_written}/{self.horizon} steps")
         if last_values is None:
             last_values = torch.zeros(self.n_envs, device=self.device)
-            open_end = ~(self.dones[:, -1] | self.segment_end[:, -1])
-            if bool(open_end.any()):
-                raise ValueError("rows end without a done: pass last_values to bootstrap them")
+            if self._host_done[-1] is not True:  # else known on the host: no device read
+                open_end = ~(self.dones[:, -1] | self.segment_end[:, -1])
+                if bool(open_end.any()):
+                    raise ValueError("rows end without a done: pass last_values to bootstrap")
         rewards = self.learning_rewards()
         terminal = self.dones | self.segment_end
         next_value = last_values.to(self.device, self.values.dtype).reshape(self.n_envs)

@@ -30,13 +30,19 @@ def resolve_env_devices(cfg: Config) -> list[torch.device]:
 
 
 def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
+    # foreach on every device: a few multi-tensor kernels per step instead of three per
+    # parameter (torch picks foreach only on CUDA; on a CPU the results are identical).
     return torch.optim.SGD(
-        model.host_parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        model.host_parameters(),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        foreach=True,
     )
 
 
 def make_seed_optimizer(params: list[torch.nn.Parameter], cfg: HostConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=cfg.seed_lr, momentum=cfg.momentum)
+    return torch.optim.SGD(params, lr=cfg.seed_lr, momentum=cfg.momentum, foreach=True)
 
 
 class EnvFactory:

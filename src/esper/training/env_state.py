@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -90,6 +90,9 @@ class EnvState:
     last_op: int = 0
     last_success: bool = True
     seed_counter: int = 0
+    #: The batched group's stacked storage this env's tensors live in (``run.batch_envs``;
+    #: :class:`esper.training.host_store.HostStore`), or None.
+    store: Any = None
 
     def __post_init__(self) -> None:
         if self.train_accum is None:
@@ -99,6 +102,8 @@ class EnvState:
         """Rollback: momentum from the discarded trajectory must not leak into the restore."""
         self.host_optimizer.state.clear()
         self.seed_optimizers.clear()
+        if self.store is not None:
+            self.store.clear_momentum(self)
 
     def drain_records(self) -> list[LifecycleRecord]:
         """The lifecycle records since the last drain, counted into the episode."""

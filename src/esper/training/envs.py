@@ -223,13 +223,28 @@ class HostEnvs:
         if self.faults.data_error(rnd, step):
             raise InjectedDataError(f"injected data-loader failure at round {rnd}, step {step}")
         nan_envs = frozenset(e.index for e in envs if self.faults.nan_loss(rnd, step, e.index))
-        epoch = train_epoch_batched if self.cfg.run.batch_envs else train_epoch
-        epoch(envs, self.iterator.epoch(rnd * self.horizon + step), self.opts, nan_envs=nan_envs)
-        t1 = time.perf_counter()
-        plans = [self._ablation_plan(env) for env in envs]
-        alphas = [torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans]
-        validate = validate_batched if self.cfg.run.batch_envs else validate_fused
-        val = validate(envs, self.val, alphas, self.opts)
+        epoch = rnd * self.horizon + step
+        plans: list[AblationPlan]
+        if self.cfg.run.batch_envs:
+            train_epoch_batched(
+                envs,
+                self.iterator.epoch_stacked(epoch),
+                self.opts,
+                nan_envs=nan_envs,
+                expose_grads=layer_stats,
+            )
+            t1 = time.perf_counter()
+            plans = [self._ablation_plan(env) for env in envs]
+            configs = [p.alphas if p.active else None for p in plans]
+            val = validate_batched(envs, self.val, configs, self.opts)
+        else:
+            train_epoch(envs, self.iterator.epoch(epoch), self.opts, nan_envs=nan_envs)
+            t1 = time.perf_counter()
+            plans = [self._ablation_plan(env) for env in envs]
+            alphas = [
+                torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans
+            ]
+            val = validate_fused(envs, self.val, alphas, self.opts)
         layers = [layer_grad_stats(env.model) for env in envs] if layer_stats else None
         stats = gather_step_stats(envs, val, [t for _, t in layers] if layers else None)
         times.train_ms += (t1 - t0) * 1e3

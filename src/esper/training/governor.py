@@ -31,7 +31,7 @@ class GovernedModel(Protocol):
 
 
 class Governor:
-    """Watches one env's loss; keeps a CPU snapshot to fall back to."""
+    """Watches one env's loss; keeps a snapshot (on the model's device) to fall back to."""
 
     def __init__(self, cfg: GovernorConfig, *, random_guess_loss: float) -> None:
         if not random_guess_loss > 0:
@@ -58,9 +58,8 @@ class Governor:
         )
         if not due:
             return False
-        state = model.snapshot_state()
-        # snapshot_state already returns CPU clones; .to is a no-op for those.
-        self._snapshot = {k: v.detach().to("cpu") for k, v in state.items()}
+        # Clones on the model's device (no host transfer): see model/snapshot.py.
+        self._snapshot = model.snapshot_state()
         self.snapshot_step = step
         return True
 

@@ -5,25 +5,23 @@ kernel launches and Python, not arithmetic.
 
 - Train: the envs of one device (same host shapes and SGD settings, CNN hosts) train as
   one :class:`slot_groups.HostBatch`: hosts stacked and vmapped, seeds grouped per slot.
-- Validation (on accelerators; on a CPU per env, which measured faster): the envs of
-  one :func:`slot_groups.host_key` that evaluate the same number K of counterfactual
-  configurations run the fused pass as one :class:`slot_groups.HostBatch` too: every
-  configuration of every env in one host graph, the blended seeds grouped per slot
-  (TRAINING seeds pass through without gradients). The first design grouped by whole
-  structure (:func:`structure_key`: the same seed kind in every slot), which split as
-  the envs' seeds diverged.
+- Validation: the same envs run the fused counterfactual pass as one
+  :class:`slot_groups.HostBatch` too: every configuration of every env in one host
+  graph (envs with fewer configurations padded with copies of their real one), the
+  blended seeds grouped per slot (TRAINING seeds pass through without gradients).
 
-Each env's ``nn.Module`` stays the source of truth: tensors are stacked at the start of
-a pass and written back (parameters, buffers, momentum, the last batch's gradients,
-the train sums) at its end. Lifecycle operations, snapshots, rollbacks, gradient
-metrics and checkpoints therefore see ordinary per-env modules.
+Each env's ``nn.Module`` stays the source of truth: its tensors are views of the
+group's :class:`~esper.training.host_store.HostStore`, so lifecycle operations,
+snapshots, rollbacks, gradient metrics and checkpoints see ordinary per-env modules,
+and nothing is copied in or out per epoch.
 
 Per-env semantics kept: each env has its own loss, clip coefficient and momentum; its
 alphas are a per-env input (the forced-alpha path, equal to the controller's); TRAINING
 seeds stay isolated (the same forward code runs); a NaN loss poisons only its own
 env's rows. An env that matches no other, or uses a GradScaler, runs on the per-env
 path. Results equal the per-env path up to float summation order (grouped convolution
-kernels); tests/training/test_host_batching.py holds the two together.
+kernels, one norm over all of an env's gradients); tests/training/test_host_batching.py
+holds the two together.
 """
 
 from __future__ import annotations
@@ -103,148 +101,161 @@ def group_envs(envs: Sequence[EnvState]) -> list[list[EnvState]]:
     return list(groups.values())
 
 
-def stack_batches(steps: Sequence[Sequence[Batch]], members: Sequence[int]) -> list[Batch] | None:
-    """Per batch, the members' inputs and targets stacked [N, B, ...]; None if their
-    batch shapes differ (the group then trains per env)."""
-    out: list[Batch] = []
-    for per_env in steps:
-        xs = [per_env[i][0] for i in members]
-        ys = [per_env[i][1] for i in members]
-        if any(x.shape != xs[0].shape for x in xs) or any(y.shape != ys[0].shape for y in ys):
-            return None
-        out.append((torch.stack(xs), torch.stack(ys)))
-    return out
-
-
 def nan_mask(group: Sequence[EnvState], nan_envs: frozenset[int]) -> Tensor | None:
     """Loss multipliers: NaN for envs with an injected fault, else 1 (None: no fault)."""
     if not any(env.index in nan_envs for env in group):
         return None
     values = [math.nan if env.index in nan_envs else 1.0 for env in group]
-    return torch.tensor(values).to(group[0].device, non_blocking=True)
+    return torch.tensor(values, device=group[0].device)
+
+
+#: A batch for every env at once: inputs [N, B, ...] and targets [N, B] (the iterator's
+#: ``epoch_stacked``), or one (x, y) per env.
+Batches = tuple[Tensor, Tensor] | list[Batch]
+
+
+def _rows(batch: Batches, members: Sequence[int], n: int) -> tuple[Tensor, Tensor]:
+    """The members' inputs and targets stacked [n_members, B, ...]."""
+    if isinstance(batch, tuple):
+        x, y = batch
+        if len(members) == n:
+            return x, y
+        index = torch.tensor(members, device=x.device)
+        return x.index_select(0, index), y.index_select(0, index)
+    return torch.stack([batch[i][0] for i in members]), torch.stack([batch[i][1] for i in members])
+
+
+def _one(batch: Batches, i: int) -> Batch:
+    if isinstance(batch, tuple):
+        return batch[0][i], batch[1][i]
+    return batch[i]
+
+
+def _groups(envs: Sequence[EnvState]) -> list[list[int]]:
+    """Positions of the envs of each :func:`slot_groups.host_key` (unbatchable: alone)."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, env in enumerate(envs):
+        key = host_key(env)
+        groups.setdefault(("single", env.index) if key is None else key, []).append(i)
+    return list(groups.values())
 
 
 def train_epoch_batched(
     envs: Sequence[EnvState],
-    batches: Iterable[list[Batch]],
+    batches: Iterable[Batches],
     opts: PassOptions,
     *,
     nan_envs: frozenset[int] = frozenset(),
+    expose_grads: bool = False,
 ) -> None:
     """:func:`batch_ops.train_epoch` with the envs of one device trained as one
-    :class:`slot_groups.HostBatch` (hosts stacked, seeds grouped per slot)."""
+    :class:`slot_groups.HostBatch` (hosts stacked, seeds grouped per slot).
+    ``expose_grads``: give every env's parameters their last gradients (debug layer
+    statistics read them)."""
     for env in envs:
         env.model.train()
-        assert env.train_accum is not None
-        env.train_accum.zero_()
     steps = list(batches)
-    position = {id(env): i for i, env in enumerate(envs)}
-    groups: dict[Hashable, list[EnvState]] = {}
-    for env in envs:
-        key = host_key(env)
-        groups.setdefault(("single", env.index) if key is None else key, []).append(env)
-    on_default_stream: set[int] = set()
-    for group in groups.values():
-        members = [position[id(env)] for env in group]
-        stacked = stack_batches(steps, members) if len(group) > 1 else None
-        if stacked is None:
-            for env, i in zip(group, members, strict=True):
-                with stream_ctx(env):
-                    for per_env in steps:
-                        x, y = per_env[i]
-                        train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
+    for members in _groups(envs):
+        group = [envs[i] for i in members]
+        if len(group) == 1:
+            (env,), (i,) = group, members
+            assert env.train_accum is not None
+            env.train_accum = torch.zeros_like(env.train_accum)
+            with stream_ctx(env):
+                for batch in steps:
+                    x, y = _one(batch, i)
+                    train_batch(env, x, y, opts, inject_nan=env.index in nan_envs)
+                env.last_grad_norms = env.model.grad_norms()
             continue
-        batch = HostBatch(group)
+        hosts = HostBatch(group)
         mask = nan_mask(group, nan_envs)
-        for x, y in stacked:
-            batch.train_batch(x, y, opts, mask)
-        batch.write_back()
-        on_default_stream.update(id(env) for env in group)
-    for env in envs:
-        # A stacked group ran on the default stream, which its gradients live on.
-        ctx = contextlib.nullcontext() if id(env) in on_default_stream else stream_ctx(env)
-        with ctx:
-            env.last_grad_norms = env.model.grad_norms()
+        for j, batch in enumerate(steps):
+            x, y = _rows(batch, members, len(envs))
+            hosts.train_batch(x, y, opts, mask, last=j == len(steps) - 1)
+        hosts.finish(expose_grads=expose_grads)
     synchronize(envs)
 
 
 def validate_batched(
     envs: Sequence[EnvState],
     val_batches: Sequence[Batch],
-    alphas: Sequence[Tensor | None],
+    alphas: Sequence[Tensor | Sequence[Sequence[float]] | None],
     opts: PassOptions,
-    *,
-    per_slot: bool | None = None,
 ) -> list[Tensor]:
-    """:func:`batch_ops.validate_fused` with the envs of one host key that evaluate the
-    same number of alpha configurations run as one batch (same result layout).
+    """:func:`batch_ops.validate_fused` with the envs of one host key run as one batch
+    (same result layout: per env ``val_layout(K)``, as views of the batch's result).
 
-    ``per_slot`` None: batched on accelerators only. On a CPU the batched graph's
-    grouped convolutions made this pass 2-2.7x slower than the per-env passes
-    (benchmarks/README.md, "Batched host path"), so there every env validates alone.
+    ``alphas[i]``: env i's [K, n_slots] configurations (a tensor or nested floats), or
+    None for its current alphas alone.
     """
-    if per_slot is None:
-        per_slot = envs[0].device.type != "cpu" if envs else False
-    if not per_slot:
-        return validate_fused(envs, val_batches, alphas, opts)
-    groups: dict[Hashable, list[int]] = {}
-    for i, (env, alpha) in enumerate(zip(envs, alphas, strict=True)):
-        key = host_key(env)
-        k = 1 if alpha is None else alpha.shape[0]
-        groups.setdefault(("single", i) if key is None else (key, k), []).append(i)
     results: dict[int, Tensor] = {}
-    for members in groups.values():
+    for members in _groups(envs):
         group = [envs[i] for i in members]
         rows = [alphas[i] for i in members]
         if len(members) == 1:
-            values = validate_fused(group, val_batches, rows, opts)
-        else:
-            values = list(_validate_group(group, val_batches, rows, opts).unbind(0))
-        results.update(zip(members, values, strict=True))
+            tensor_rows = [None if r is None else torch.as_tensor(r, dtype=torch.float32) for r in rows]
+            results[members[0]] = validate_fused(group, val_batches, tensor_rows, opts)[0]
+            continue
+        configs = [_config_rows(e, r) for e, r in zip(group, rows, strict=True)]
+        out = _validate_group(group, val_batches, configs, opts)
+        for i, k in zip(members, (len(c) for c in configs), strict=True):
+            results[i] = out[members.index(i), : val_layout(k).width]
     synchronize(envs)
     return [results[i] for i in range(len(envs))]
+
+
+def _config_rows(
+    env: EnvState, rows: Tensor | Sequence[Sequence[float]] | None
+) -> Sequence[Sequence[float]]:
+    """An env's alpha configurations as host floats (None: its current alphas alone).
+    The trainer passes floats; a tensor (tests, callers) must be a host tensor."""
+    if rows is None:
+        return [env.model.alpha_values()]
+    if isinstance(rows, Tensor):
+        assert rows.device.type == "cpu", "alpha configurations are host data"
+        return rows.tolist()  # type: ignore[no-any-return]
+    return rows
 
 
 @torch.no_grad()
 def _validate_group(
     envs: Sequence[EnvState],
     val_batches: Sequence[Batch],
-    alphas: Sequence[Tensor | None],
+    configs: Sequence[Sequence[Sequence[float]]],
     opts: PassOptions,
 ) -> Tensor:
-    """[N, 2 + K] ``val_layout(K)`` rows: every env's K configurations in one batch.
+    """[N, 2 + K] ``val_layout(K)`` rows, K the most configurations of any env: every
+    env's configurations in one batch (fewer are padded with copies of the real one).
 
     As ``MorphogeneticModel.fused_forward``: the batch is repeated K times and copy k
     gets configuration k's alphas, for every env at once.
     """
     for env in envs:
-        env.model.eval()  # before stacking: the seed kinds are read in eval terms
+        env.model.eval()  # before grouping: the seed kinds are read in eval terms
     batch = HostBatch(envs, train=False)
-    # No active seed (None): one row, the current alphas (seeds that blend nothing).
-    rows = [
-        e.model.current_alphas()[None] if a is None else a
-        for e, a in zip(envs, alphas, strict=True)
-    ]
+    k = max(len(c) for c in configs)
+    padded = [list(c) + [c[0]] * (k - len(c)) for c in configs]
     device = envs[0].device
-    configs = torch.stack(rows).to(device, non_blocking=True)  # [N, K, n_slots]
-    n, k = configs.shape[0], configs.shape[1]
+    table = torch.tensor(padded, device=device)  # [N, K, n_slots]: one copy
+    n = table.shape[0]
     lay = val_layout(k)
     acc = torch.zeros(n, lay.width, device=device)
+    per_sample: dict[int, Tensor] = {}
     for x, y in val_batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if opts.channels_last and x.dim() == IMAGE_DIMS:
             x = x.contiguous(memory_format=torch.channels_last)
         b = x.shape[0]
         xs = torch.cat([x] * k) if k > 1 else x
-        per_sample = configs.repeat_interleave(b, dim=1)  # [N, K*B, n_slots]
+        if b not in per_sample:
+            per_sample[b] = table.repeat_interleave(b, dim=1)  # [N, K*B, n_slots]
         with autocast(device, opts.amp):
-            logits = batch.forward(xs.expand(n, *xs.shape), per_sample)  # [N, K*B, ..., C]
+            logits = batch.forward(xs.expand(n, *xs.shape), per_sample[b])  # [N, K*B, ..., C]
         logits = logits.view(n, k, b, *logits.shape[2:])
         classes = logits.shape[-1]
         real = logits[:, 0].reshape(-1, classes).float()
         losses = F.cross_entropy(real, y.reshape(-1).repeat(n), reduction="none")
-        acc[:, lay.index("loss_sum")] += losses.view(n, -1).sum(dim=1)
-        acc[:, lay.index("count")] += y.numel()
-        hits = logits.argmax(dim=-1) == y[None, None]
-        acc[:, lay["correct"]] += hits.reshape(n, k, -1).sum(dim=2)
+        hits = (logits.argmax(dim=-1) == y[None, None]).reshape(n, k, -1).sum(dim=2)
+        count = torch.full_like(hits[:, :1], y.numel())
+        acc += torch.cat([losses.view(n, -1).sum(dim=1, keepdim=True), count, hits], dim=1)
     return acc

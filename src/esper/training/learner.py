@@ -19,6 +19,7 @@ from esper.config import Config
 from esper.core.enums import AmpMode, PolicyKind
 from esper.core.layout import Layout
 from esper.core.records import PPOMetrics
+from esper.core.transfer import host_copy
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, decode_action
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
@@ -159,7 +160,7 @@ class Learner:
             "op_mask": o.masks.op.float(),
         }
         assert tuple(parts) == DECISION_ROW.names
-        rows = torch.cat(list(parts.values()), dim=1).cpu().tolist()  # the single transfer
+        rows = host_copy(torch.cat(list(parts.values()), dim=1))  # the single transfer
         DECISION_ROW.check(rows[0])
         decision = Decision(
             rows=rows,
@@ -204,10 +205,10 @@ class Learner:
                 values=self.value_norm.denormalize(d.values),
                 rewards_normalized=normalized.to(self.device),
                 rewards_raw=raw.to(self.device),
-                dones=dones.to(self.device),
+                dones=terminal,
                 hidden=d.hidden,
             )
-        return normalized.tolist()
+        return host_copy(normalized)  # host-side tensors: no device wait
 
     def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
         """Env's segment ends at the decision that led into the failed epoch, which

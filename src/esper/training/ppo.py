@@ -14,9 +14,11 @@ value head's output layer is rescaled by old/new scale (PopArt-style preservatio
 the critic's raw-scale predictions do not jump with the statistics.
 
 The update is atomic: parameters, optimizer state and the value normaliser are
-restored if any minibatch produces a non-finite loss or gradient, and the metrics say
-so. One small transfer per minibatch (loss, KL and gradient norm, for the finiteness
-gate and the KL early stop) plus one at the end.
+restored if the rollout or any minibatch's loss or gradient is non-finite, and the
+metrics say so. The host reads the device once per epoch: one packet with every
+minibatch's loss, KL and gradient norm (the finiteness gate and the KL early stop are
+decided per epoch, as in CleanRL), the epoch's averaged diagnostics and the rollout's
+statistics, so the last packet is also the update's metrics.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
 from esper.core.layout import Layout
 from esper.core.records import PPOMetrics
+from esper.core.transfer import host_copy
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden
 from esper.training.buffer import RolloutBuffer
@@ -49,8 +52,8 @@ MINIBATCH_SEED_STRIDE = 1_000_003
 
 #: Minibatch stats averaged NaN-aware over the last epoch, in METRICS_LAYOUT order.
 _AVERAGED = ("policy_loss", "value_loss", "entropy", "clip_frac")
-#: Pre-update buffer stats (``_base_stats``), packed last.
-BASE_STATS = ("explained_variance", "value_mean", "return_mean")
+#: Pre-update buffer stats (``_base_stats``) and the rollout's finiteness, packed last.
+BASE_STATS = ("explained_variance", "value_mean", "return_mean", "inputs_finite")
 #: The update's diagnostics, packed into one tensor for the update's final transfer.
 METRICS_LAYOUT = Layout(
     *((k, 1) for k in _AVERAGED),
@@ -61,6 +64,8 @@ METRICS_LAYOUT = Layout(
     ("clip_heads", len(HEAD_NAMES)),
     *((k, 1) for k in BASE_STATS),
 )
+#: Per minibatch in an epoch's packet (before METRICS_LAYOUT): what gates the update.
+GATE_VALUES = ("loss", "kl", "grad_norm")
 
 
 class UpdateSync(Protocol):
@@ -93,6 +98,11 @@ def relevance_table(device: torch.device | str = "cpu") -> Tensor:
         dtype=torch.bool,
         device=device,
     )
+
+
+def _nan_if_zero(count: Tensor) -> Tensor:
+    """Counts as divisors: a mean over nothing is NaN, not inf."""
+    return count.masked_fill(count == 0, math.nan)
 
 
 def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -169,7 +179,11 @@ class PPOUpdater:
         #: Multi-rank: gradients (with the loss and KL that gate the update) averaged
         #: over ranks before clipping, so every replica takes the same step.
         self.sync = sync
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        # Fused: one kernel for every parameter's step, and no per-parameter host read
+        # of the step count (the for-loop and foreach implementations make one).
+        self.optimizer = torch.optim.Adam(
+            policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True
+        )
         self._relevance: Tensor | None = None
 
     # --- Schedules -------------------------------------------------------------------
@@ -240,23 +254,23 @@ class PPOUpdater:
         stats = {
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
-            "entropy": _masked_mean(ent, relevant, (0, 1, 2)),
-            "entropy_heads": _masked_mean(ent, relevant, (0, 1)),
-            "clip_frac": _masked_mean(clip_hit, relevant, (0, 1, 2)),
-            "clip_heads": _masked_mean(clip_hit, relevant, (0, 1)),
+            # [3, heads]: entropy and clip hits summed where relevant, and the counts;
+            # the epoch's packet turns every minibatch's sums into means at once.
+            "head_sums": torch.stack([ent * rel, clip_hit * rel, rel]).sum(dim=(1, 2)),
             "ratio_max": joint.masked_fill(~valid, 0.0).exp().max(),
         }
         return _Step(loss, kl, stats)
 
-    def _inputs_finite(self, buf: RolloutBuffer) -> bool:
+    def _inputs_finite(self, buf: RolloutBuffer) -> Tensor:
+        """Whether the rollout is finite (on every rank), as a device flag: it is read
+        with the first epoch's packet, and a non-finite rollout restores the snapshot."""
         checks = torch.stack(
             [
                 torch.isfinite(t).all()
                 for t in (buf.advantages, buf.returns, buf.values, buf.log_probs, buf.obs)
             ]
         )
-        ok = checks.all() if self.sync is None else self.sync.all_true(checks.all())
-        return bool(ok)  # one transfer, before anything is modified
+        return checks.all() if self.sync is None else self.sync.all_true(checks.all())
 
     def _snapshot(self) -> dict[str, Any]:
         return {
@@ -303,10 +317,8 @@ class PPOUpdater:
         coef = self.entropy_coef(round_index, total_rounds)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(round_index)
-        base = self._base_stats(buffer)
+        base = torch.cat([self._base_stats(buffer), self._inputs_finite(buffer).reshape(1)])
         n_trans = buffer.n_envs * buffer.horizon
-        if not self._inputs_finite(buffer):
-            return self._metrics(base, [], coef, 0, 0, False, "non-finite rollout data", n_trans)
         snap = self._snapshot()
         self.policy.train()
         chunks = _Chunks(
@@ -314,54 +326,105 @@ class PPOUpdater:
         )
         gen = torch.Generator().manual_seed(self.seed * MINIBATCH_SEED_STRIDE + round_index)
         n_mb = min(self.cfg.minibatches, chunks.n_chunks)
-        epochs, steps, early, skip_reason = 0, 0, False, ""
-        epoch_steps: list[_Step] = []
+        epochs, early, skip_reason = 0, False, ""
+        vals: list[float] = []
         for epoch in range(self.cfg.update_epochs):
             order = torch.randperm(chunks.n_chunks, generator=gen).to(buffer.device)
-            epoch_steps = []
-            for idx in order.tensor_split(n_mb):
-                st = self._minibatch(chunks, idx, coef, loss_hook)
-                self.optimizer.zero_grad(set_to_none=True)
-                torch.autograd.backward(st.loss)
-                if self.sync is not None:
-                    st.loss, st.kl = self.sync.average_grads(
-                        self.policy.parameters(), torch.stack([st.loss.detach(), st.kl])
-                    )
-                params = self.policy.parameters()
-                grad_norm = nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
-                loss_v, kl_v, gn_v = torch.stack([st.loss.detach(), st.kl, grad_norm]).tolist()
-                st.stats["grad_norm"] = grad_norm.detach()
-                epoch_steps.append(st)
-                if not (math.isfinite(loss_v) and math.isfinite(gn_v)):
-                    what = "loss" if not math.isfinite(loss_v) else "gradient"
-                    skip_reason = f"non-finite {what} at epoch {epoch}"
-                    break
-                if self.cfg.target_kl is not None and epoch > 0 and kl_v > self.cfg.target_kl:
-                    early = True  # this minibatch's gradient is discarded
-                    break
-                self.optimizer.step()
-                steps += 1
+            steps_ = [self._step(chunks, idx, coef, loss_hook) for idx in order.tensor_split(n_mb)]
+            vals = host_copy(self._packet(steps_, base))  # the epoch's one host read
+            skip_reason = self._skip_reason(vals, len(steps_), epoch)
             if skip_reason:
                 self._restore(snap)
-                steps, epochs = 0, 0
-                break
-            if early:
+                epochs = 0
                 break
             epochs += 1
+            kls = vals[1 : len(GATE_VALUES) * len(steps_) : len(GATE_VALUES)]
+            if self.cfg.target_kl is not None and any(k > self.cfg.target_kl for k in kls):
+                early = True
+                break
         self.optimizer.zero_grad(set_to_none=True)
-        return self._metrics(base, epoch_steps, coef, epochs, steps, early, skip_reason, n_trans)
+        metrics = vals[len(GATE_VALUES) * n_mb :]
+        return self._metrics(metrics, coef, epochs, epochs * n_mb, early, skip_reason, n_trans)
+
+    def _step(
+        self,
+        ch: _Chunks,
+        idx: Tensor,
+        entropy_coef: float,
+        loss_hook: Callable[[Tensor], Tensor] | None,
+    ) -> _Step:
+        """One minibatch: loss, backward, rank average, clip, Adam step (no host read).
+
+        A non-finite loss or gradient is found in the epoch's packet; the steps taken
+        after it are undone with the rest of the update by the snapshot restore.
+        """
+        st = self._minibatch(ch, idx, entropy_coef, loss_hook)
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(st.loss)
+        if self.sync is not None:
+            st.loss, st.kl = self.sync.average_grads(
+                self.policy.parameters(), torch.stack([st.loss.detach(), st.kl])
+            )
+        params = self.policy.parameters()
+        grad_norm = nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm, foreach=True)
+        st.stats["grad_norm"] = grad_norm.detach()
+        self.optimizer.step()
+        return st
+
+    def _skip_reason(self, vals: list[float], n_steps: int, epoch: int) -> str:
+        """Why the update must be undone ("" if it may go on), from an epoch's packet."""
+        if not METRICS_LAYOUT.one(vals[len(GATE_VALUES) * n_steps :], "inputs_finite"):
+            return "non-finite rollout data"
+        for j in range(n_steps):
+            loss, _, grad_norm = vals[len(GATE_VALUES) * j : len(GATE_VALUES) * (j + 1)]
+            if not math.isfinite(loss):
+                return f"non-finite loss at epoch {epoch}"
+            if not math.isfinite(grad_norm):
+                return f"non-finite gradient at epoch {epoch}"
+        return ""
+
+    def _packet(self, steps_: list[_Step], base: Tensor) -> Tensor:
+        """One epoch's values for the host, in one tensor: per minibatch GATE_VALUES,
+        then METRICS_LAYOUT (diagnostics averaged NaN-aware over the epoch, then
+        ``base``)."""
+        lay = METRICS_LAYOUT
+
+        def avg(key: str) -> Tensor:
+            return torch.stack([st.stats[key].float() for st in steps_]).nanmean(dim=0)
+
+        gates = torch.stack(
+            [torch.stack([st.loss.detach(), st.kl, st.stats["grad_norm"]]) for st in steps_]
+        )
+        # Per minibatch, entropy and clip fraction where relevant: per head, and overall.
+        sums = torch.stack([st.stats["head_sums"] for st in steps_]).float()  # [mb, 3, heads]
+        heads = sums[:, :2] / _nan_if_zero(sums[:, 2:])
+        overall = sums[:, :2].sum(dim=2) / _nan_if_zero(sums[:, 2].sum(dim=1, keepdim=True))
+        entropy, clip_frac = overall.nanmean(dim=0)
+        entropy_heads, clip_heads = heads.nanmean(dim=0)
+        parts = {  # METRICS_LAYOUT's fields before BASE_STATS, in its order
+            "policy_loss": avg("policy_loss").reshape(1),
+            "value_loss": avg("value_loss").reshape(1),
+            "entropy": entropy.reshape(1),
+            "clip_frac": clip_frac.reshape(1),
+            "approx_kl": torch.stack([st.kl.float() for st in steps_]).nanmean().reshape(1),
+            "grad_norm": avg("grad_norm").reshape(1),
+            "ratio_max": torch.stack([st.stats["ratio_max"] for st in steps_]).max().reshape(1),
+            "entropy_heads": entropy_heads,
+            "clip_heads": clip_heads,
+        }
+        assert tuple(parts) == lay.names[: len(parts)]
+        return torch.cat([gates.float().reshape(-1), *(t.float() for t in parts.values()), base])
 
     def _base_stats(self, buf: RolloutBuffer) -> Tensor:
         """Explained variance (raw scale, pre-update), value and return means."""
         ret, val = buf.returns, buf.values
         var_ret = ret.var()
         ev = 1.0 - (ret - val).var() / var_ret.masked_fill(var_ret == 0, math.nan)
-        return torch.stack([ev, val.mean(), ret.mean()])  # BASE_STATS order
+        return torch.stack([ev, val.mean(), ret.mean()]).float()  # BASE_STATS order
 
     def _metrics(
         self,
-        base: Tensor,
-        steps_: list[_Step],
+        vals: list[float],
         coef: float,
         epochs: int,
         steps: int,
@@ -369,27 +432,11 @@ class PPOUpdater:
         skip_reason: str,
         n_transitions: int,
     ) -> PPOMetrics:
-        """Diagnostics averaged over the last epoch's minibatches (NaN-aware), plus EV."""
+        """The update's diagnostics from the last epoch's packet (METRICS_LAYOUT)."""
         lay = METRICS_LAYOUT
-        if not steps_:
-            packed = torch.full((lay.width - len(BASE_STATS),), math.nan, device=base.device)
-        else:
-
-            def avg(key: str) -> Tensor:
-                return torch.stack([st.stats[key].float() for st in steps_]).nanmean(dim=0)
-
-            parts = {  # METRICS_LAYOUT's fields before BASE_STATS, in its order
-                **{k: avg(k).reshape(1) for k in _AVERAGED},
-                "approx_kl": torch.stack([st.kl.float() for st in steps_]).nanmean().reshape(1),
-                "grad_norm": avg("grad_norm").reshape(1),
-                "ratio_max": torch.stack([st.stats["ratio_max"] for st in steps_]).max().reshape(1),
-                "entropy_heads": avg("entropy_heads"),
-                "clip_heads": avg("clip_heads"),
-            }
-            assert tuple(parts) == lay.names[: len(parts)]
-            packed = torch.cat([t.float() for t in parts.values()])
-        vals = torch.cat([packed, base.float()]).tolist()  # the update's final transfer
         lay.check(vals)
+        if skip_reason == "non-finite rollout data":  # nothing was learned from it
+            vals = [math.nan] * (lay.width - len(BASE_STATS)) + vals[-len(BASE_STATS) :]
         ent_h, clip_h = lay.get(vals, "entropy_heads"), lay.get(vals, "clip_heads")
         per_head = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
         per_head.update({f"clip_frac_{h}": clip_h[i] for i, h in enumerate(HEAD_NAMES)})

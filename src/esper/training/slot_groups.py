@@ -1,18 +1,21 @@
-"""One batched train step for every env on a device: hosts stacked, seeds grouped per slot.
+"""One batched train or evaluation pass for every env on a device: hosts stacked, seeds
+grouped per slot.
 
-Why: whole-structure groups split as envs' seeds diverge (``benchmarks/batch_groups.py``:
-PPO's 16 envs fell to 11.9 groups per epoch). But every env's host has the same shapes
-and optimizer settings, and the host is most of the compute. Only the seeds differ. So
-:class:`HostBatch` runs each host segment once, vmapped over all envs' stacked host
-parameters. At each slot it splits the batch only by that slot's seed kind (blueprint,
-stage class, blend operator, trainability and SGD settings), runs each kind vmapped
-over its own envs, and puts the activations back in env order. Empty slots and seeds
-outside the forward (GERMINATED, cooldown) pass the activation through, as in
-``SeedSlot.forward``.
+Why: on a GPU these hosts are launch-bound, so the work of a step must not grow with
+the number of envs or parameters. :class:`HostBatch` runs each host segment once,
+vmapped over every env's host parameters (views of the group's
+:class:`~esper.training.host_store.HostStore`). At each slot it splits the batch only by
+that slot's seed kind (blueprint, stage class, blend operator, trainability, SGD
+settings), runs each kind vmapped over its own envs (their rows of the seed store,
+gathered with one index), and puts the activations back in env order. Empty slots and
+seeds outside the forward (GERMINATED, cooldown) pass the activation through, as in
+``SeedSlot.forward``. Clipping, the SGD step and gradient norms then run on the stacked
+gradients: a handful of kernels for all envs together.
 
 Per-env semantics as in :mod:`host_batching`: each env has its own loss, alphas, clip
-coefficient (host and seed norms summed per env) and momentum. The modules stay the
-source of truth and are written back after the epoch.
+coefficient (host and seed norms summed per env) and momentum; a seed without an
+optimizer (a fossil right after a rollback) contributes to its env's norm but does not
+step, as with torch's per-env optimizers.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
 from esper.training.batch_ops import PassOptions, autocast, loss_and_correct
 from esper.training.env_state import TRAIN_ACCUM, EnvState
+from esper.training.host_store import FlatLayout, HostStore, clip_coefficients, membership
 
-HOST_PREFIX = "host."
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
 
@@ -78,154 +81,149 @@ def host_key(env: EnvState) -> Hashable | None:
         (n, tuple(p.shape), p.dtype, p.requires_grad, owners.get(id(p), (None, None))[1])
         for n, p in host.named_parameters()
     )
+    if len({settings for *_, settings in params}) != 1 or not all(p[3] for p in params):
+        return None  # the stacked host steps as one trainable SGD group
     buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in host.named_buffers())
     return (str(env.device), env.model.slot_ids, params, buffers)
 
 
-def _seed_kind(
-    env: EnvState,
-    slot_id: str,
-    owners: dict[int, tuple[torch.optim.SGD, SgdSettings]],
-    train: bool,
-) -> Hashable | None:
-    """What decides a slot's seed code and update; None where the slot passes through."""
-    slot = env.model.slot(slot_id)
-    if not _in_forward(slot, train):
-        return None
-    params = tuple(
-        (n, tuple(p.shape), p.requires_grad, owners.get(id(p), (None, None))[1])
-        for n, p in slot.named_parameters()
-    )
-    stage = "train" if slot.life.stage == SeedStage.TRAINING else "blend"
-    return (slot.life.blueprint, stage, slot.life.blend_op, params)
-
-
-@dataclass
-class _Stack:
-    """One stacked tensor: a parameter (or buffer) name and the envs (rows) it holds."""
-
-    name: str
-    rows: list[int]
-    index: Tensor  # ``rows`` on the device
-    tensor: Tensor
-    settings: SgdSettings | None = None
-    momentum: Tensor | None = None
-
-
 @dataclass(frozen=True)
 class _Kind:
-    """The envs of one seed kind at one slot."""
+    """The envs (rows) of one seed kind at one slot, and where their tensors live."""
 
-    rows: Tensor  # env positions, on the device
+    slot_id: str
+    rows: tuple[int, ...]
+    index: Tensor  # ``rows`` on the device
     module: SeedSlot  # the forward code (a member's slot)
-    prefix: str  # "slots.<id>."
+    layout: FlatLayout  # the kind's tensors, relative to ``offset`` in the seed store
+    offset: int
+    trainable: bool
+    settings: SgdSettings | None  # None: some tensor has no optimizer (does not step)
 
 
 class HostBatch:
-    """Envs with one :func:`host_key`, stacked for one epoch (see the module docstring).
+    """Envs with one :func:`host_key`, for one pass (see the module docstring).
 
-    ``train=False`` stacks for evaluation (under ``torch.no_grad``, models in eval
-    mode): no momentum, and TRAINING seeds pass through, as they do without gradients.
+    ``train=False`` evaluates (under ``torch.no_grad``, models in eval mode): TRAINING
+    seeds pass through, as they do without gradients.
     """
 
     def __init__(self, envs: Sequence[EnvState], *, train: bool = True) -> None:
         self.envs = list(envs)
         self.train = train
+        self.store = HostStore.for_envs(envs)
+        self.store.adopt_seeds()
         self.model = envs[0].model
         self.device = envs[0].device
-        self.named = [dict(e.model.named_parameters()) for e in envs]
-        self.buffers_of = [dict(e.model.named_buffers()) for e in envs]
-        self.owners = [sgd_owners(e) for e in envs]
-        self.params: dict[str, _Stack] = {}
-        self.buffers: dict[str, _Stack] = {}
-        everyone = list(range(len(envs)))
-        self._stack(HOST_PREFIX, everyone)
-        self.kinds: dict[str, list[_Kind]] = {}
-        for slot_id in self.model.slot_ids:
-            by_kind: dict[Hashable, list[int]] = {}
-            for i, env in enumerate(envs):
-                owners = self.owners[i]
-                assert owners is not None, "host_key admits only batchable optimizers"
-                kind = _seed_kind(env, slot_id, owners, train)
-                if kind is not None:
-                    by_kind.setdefault(kind, []).append(i)
-            prefix = f"slots.{slot_id}."
-            self.kinds[slot_id] = []
-            for rows in by_kind.values():
-                self._stack(prefix, rows, tag=f"{rows[0]}:")
-                module = envs[rows[0]].model.slot(slot_id)
-                index = torch.tensor(rows).to(self.device, non_blocking=True)
-                self.kinds[slot_id].append(_Kind(index, module, f"{rows[0]}:{prefix}"))
-        alphas = torch.stack([e.model.current_alphas() for e in envs])
-        self.alphas = alphas.to(self.device, non_blocking=True)
+        owners = [sgd_owners(e) for e in envs]
+        self.kinds: dict[str, list[_Kind]] = {
+            slot_id: self._kinds_at(slot_id, owners) for slot_id in self.model.slot_ids
+        }
+        first = next(iter(envs[0].model.host.parameters()))
+        owner0 = owners[0]
+        assert owner0 is not None, "host_key admits only batchable optimizers"
+        self.host_settings = owner0[id(first)][1]
+        alphas = [e.model.alpha_values() for e in envs]
+        self.alphas = torch.tensor(alphas, device=self.device)  # [N, n_slots], one copy
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
-        self.accum = torch.zeros(len(envs), TRAIN_ACCUM.width, device=self.device)
-        self.stepped: set[str] = set()
-        self._by_key: dict[str, tuple[dict[str, Tensor], dict[str, Tensor]]] = {}
         self._loss = torch.vmap(loss_and_correct)
+        self.accum = torch.zeros(len(envs), TRAIN_ACCUM.width, device=self.device)
+        self.leaves: dict[int, Tensor] = {}
+        self.grad_norms: Tensor | None = None
+        #: The last batch's clipped gradients: host [N, P] and seeds [N, S] (or None).
+        self.last_grads: tuple[Tensor, Tensor | None] | None = None
 
-    @torch.no_grad()
-    def _stack(self, prefix: str, rows: list[int], tag: str = "") -> None:
-        """Stack the members' tensors under ``prefix`` (keys: ``tag + name``)."""
-        first = rows[0]
-        index = torch.tensor(rows).to(self.device, non_blocking=True)
-        for name, p in self.named[first].items():
-            if name.startswith(prefix):
-                stacked = torch.stack([self.named[i][name].detach() for i in rows])
-                owner = self.owners[first]
-                assert owner is not None
-                settings = owner[id(p)][1] if id(p) in owner else None
-                grad = stacked.requires_grad_(p.requires_grad)
-                entry = _Stack(name, rows, index, grad, settings)
-                if self.train and settings is not None and settings.momentum != 0:
-                    entry.momentum = torch.stack([self._momentum(i, name) for i in rows])
-                self.params[tag + name] = entry
-        for name in self.buffers_of[first]:
-            if name.startswith(prefix):
-                stacked = torch.stack([self.buffers_of[i][name] for i in rows])
-                self.buffers[tag + name] = _Stack(name, rows, index, stacked)
+    # --- grouping --------------------------------------------------------------------
 
-    def _momentum(self, i: int, name: str) -> Tensor:
-        """Env i's momentum buffer; zeros where it has none (exact with dampening 0)."""
-        p = self.named[i][name]
-        owner = self.owners[i]
-        assert owner is not None
-        buf = owner[id(p)][0].state.get(p, {}).get("momentum_buffer")
-        return torch.zeros_like(p) if buf is None else buf.detach()
+    def _kinds_at(
+        self, slot_id: str, owners: list[dict[int, tuple[torch.optim.SGD, SgdSettings]] | None]
+    ) -> list[_Kind]:
+        by_kind: dict[Hashable, list[int]] = {}
+        for i, env in enumerate(self.envs):
+            slot = env.model.slot(slot_id)
+            if not _in_forward(slot, self.train):
+                continue
+            owner = owners[i]
+            assert owner is not None
+            by_kind.setdefault(self._kind_key(slot, owner), []).append(i)
+        kinds = []
+        for rows in by_kind.values():
+            slot = self.envs[rows[0]].model.slot(slot_id)
+            seg = self.store.segment(slot_id, slot.life.blueprint)
+            with_gate = slot.gate is not None and slot.life.stage != SeedStage.TRAINING
+            owner = owners[rows[0]]
+            assert owner is not None
+            found = [owner.get(id(p)) for p in slot.parameters()]
+            settings = {f[1] for f in found if f is not None}
+            kinds.append(
+                _Kind(
+                    slot_id=slot_id,
+                    rows=tuple(rows),
+                    index=self._index(rows),
+                    module=slot,
+                    layout=seg.layout(with_gate),
+                    offset=seg.offset,
+                    trainable=all(p.requires_grad for p in slot.parameters()),
+                    settings=settings.pop() if len(settings) == 1 and None not in found else None,
+                )
+            )
+        return kinds
 
-    def _under(self, key: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The stacked parameters and buffers under ``key``, relative names (looked up
-        once per batch object: the stacked tensors are updated in place, never replaced)."""
-        found = self._by_key.get(key)
-        if found is None:
-            cut = len(key)
-            params = {k[cut:]: s.tensor for k, s in self.params.items() if k.startswith(key)}
-            bufs = {k[cut:]: s.tensor for k, s in self.buffers.items() if k.startswith(key)}
-            found = self._by_key[key] = (params, bufs)
-        return found
+    def _kind_key(self, slot: SeedSlot, owner: dict[int, tuple[torch.optim.SGD, SgdSettings]]) -> Hashable:
+        params = tuple(
+            (n, p.requires_grad, owner.get(id(p), (None, None))[1])
+            for n, p in slot.named_parameters()
+        )
+        stage = "train" if slot.life.stage == SeedStage.TRAINING else "blend"
+        return (slot.life.blueprint, stage, slot.life.blend_op, params)
 
-    def _call(self, module: nn.Module, key: str, h: Tensor, *extra: Tensor) -> Tensor:
-        """``module`` vmapped over the stacked tensors under ``key``."""
-        params, bufs = self._under(key)
+    def _index(self, rows: Sequence[int]) -> Tensor:
+        cache = self.store.index_cache
+        key = tuple(rows)
+        if key not in cache:
+            cache[key] = torch.tensor(key, device=self.device)
+        return cache[key]
 
-        def one(p: dict[str, Tensor], b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
-            out: Tensor = functional_call(module, (p, b), (z, *e))
-            return out
+    # --- forward ---------------------------------------------------------------------
 
-        out: Tensor = torch.vmap(one)(params, bufs, h, *extra)
-        return out
+    def _gather_leaves(self) -> None:
+        """Each kind's seed tensors as one [n_kind, width] tensor (a leaf when it trains)."""
+        self.leaves = {}
+        n = len(self.envs)
+        for kinds in self.kinds.values():
+            for kind in kinds:
+                cols = self.store.seed_params[:, kind.offset : kind.offset + kind.layout.width]
+                leaf = cols.detach() if len(kind.rows) == n else cols.index_select(0, kind.index)
+                if self.train and kind.trainable:
+                    leaf = leaf.detach().requires_grad_()
+                self.leaves[id(kind)] = leaf
 
-    def forward(self, x: Tensor, alphas: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, alphas: Tensor | None = None, host: Tensor | None = None) -> Tensor:
         """Logits [N, B, ...] of every env for inputs x [N, B, ...]; ``alphas``
-        [N, B, n_slots] forces per-sample alphas (else each env's current ones)."""
-        host = self.model.host
-        h = self._call(host.stem, "host.stem.", x)
-        for i, segment in enumerate(host.segments):
-            h = self._call(segment, f"host.segments.{i}.", h)
+        [N, B, n_slots] forces per-sample alphas (else each env's current ones);
+        ``host`` is the stacked host parameters to differentiate (default: the store)."""
+        if not self.leaves:
+            self._gather_leaves()
+        store = self.store
+        params = store.params_layout.stack_views(store.params if host is None else host)
+        buffers = store.buffers
+        host_net = self.model.host
+        h = self._call_host(host_net.stem, "stem.", params, buffers, x)
+        for i, segment in enumerate(host_net.segments):
+            h = self._call_host(segment, f"segments.{i}.", params, buffers, h)
             slot_id = self.slot_at.get(i)
             if slot_id is not None:
                 h = self._slot(slot_id, h, alphas)
-        return self._call(host.head, "host.head.", h)
+        return self._call_host(host_net.head, "head.", params, buffers, h)
+
+    def _call_host(
+        self, module: nn.Module, prefix: str, params: dict[str, Tensor],
+        buffers: dict[str, Tensor], h: Tensor,
+    ) -> Tensor:  # fmt: skip
+        cut = len(prefix)
+        own = {k[cut:]: v for k, v in params.items() if k.startswith(prefix)}
+        bufs = {k[cut:]: v for k, v in buffers.items() if k.startswith(prefix)}
+        return _vmapped(module, own, bufs, h)
 
     def _slot(self, slot_id: str, h: Tensor, alphas: Tensor | None) -> Tensor:
         kinds = self.kinds[slot_id]
@@ -236,117 +234,187 @@ class HostBatch:
             column = self.alphas[:, col]  # [N]: one alpha per env
         else:  # [N, B]: per sample, shaped to broadcast over each sample's activation
             column = alphas[:, :, col].reshape(alphas.shape[:2] + (1,) * (h.dim() - 2))
-        if len(kinds) == 1 and kinds[0].rows.numel() == len(self.envs):
-            # every env runs the same seed kind here: no gather, no scatter
-            return self._call(kinds[0].module, kinds[0].prefix, h, column)
+        everyone = len(kinds) == 1 and len(kinds[0].rows) == len(self.envs)
         out = h
         for kind in kinds:
-            alpha = column.index_select(0, kind.rows)
-            part = self._call(kind.module, kind.prefix, h.index_select(0, kind.rows), alpha)
-            out = out.index_copy(0, kind.rows, part.to(out.dtype))
+            params = kind.layout.stack_views(self.leaves[id(kind)])
+            if everyone:  # every env runs the same seed kind here: no gather, no scatter
+                return _vmapped(kind.module, params, {}, h, column)
+            alpha = column.index_select(0, kind.index)
+            part = _vmapped(kind.module, params, {}, h.index_select(0, kind.index), alpha)
+            out = out.index_copy(0, kind.index, part.to(out.dtype))
         return out
 
-    def train_batch(self, x: Tensor, y: Tensor, opts: PassOptions, nan_mask: Tensor | None) -> None:
-        for s in self.params.values():
-            s.tensor.grad = None
+    # --- training ----------------------------------------------------------------------
+
+    def train_batch(
+        self, x: Tensor, y: Tensor, opts: PassOptions, nan_mask: Tensor | None, *, last: bool
+    ) -> None:
+        """Forward and backward of every env, per-env clip, one SGD step; ``last``: also
+        measure the gradient norms the per-env path takes after its epoch's last batch."""
+        self._gather_leaves()
+        host = self.store.params.detach().requires_grad_()
         with autocast(self.device, opts.amp):
-            logits = self.forward(x)
+            logits = self.forward(x, host=host)
             losses, correct = self._loss(logits, y)
         if nan_mask is not None:
             losses = losses * nan_mask
         losses.sum().backward()  # type: ignore[no-untyped-call]
-        self._clip(opts.grad_clip)
-        self._sgd_step()
-        n = y[0].numel()
-        lay = TRAIN_ACCUM
-        self.accum[:, lay.index("loss_sum")] += losses.detach().float() * n
-        self.accum[:, lay.index("correct")] += correct
-        self.accum[:, lay.index("count")] += n
-
-    def _with_grads(self) -> list[_Stack]:
-        return [s for s in self.params.values() if s.tensor.grad is not None]
+        assert host.grad is not None
+        self._step(host.grad, opts.grad_clip, last=last)
+        n = float(y[0].numel())
+        sums = torch.stack([losses.detach().float() * n, correct.float(), torch.full_like(losses, n)])
+        self.accum += sums.T
 
     @torch.no_grad()
-    def _clip(self, max_norm: float) -> None:
-        """Per env: the norm of all its gradient tensors (host and seeds), clamped as
-        ``clip_grad_norm_`` does, applied to its rows of every stacked gradient."""
-        stacks = self._with_grads()
-        if not stacks:
-            return
-        squares = torch.zeros(len(self.envs), device=self.device)
-        for s in stacks:
-            g = s.tensor.grad
-            assert g is not None
-            norms = torch.linalg.vector_norm(g.reshape(g.shape[0], -1).float(), dim=1)
-            squares.index_add_(0, s.index, norms.square())
-        coef = torch.clamp(max_norm / (squares.sqrt() + CLIP_EPS), max=1.0)
-        for s in stacks:
-            g = s.tensor.grad
-            assert g is not None
-            per_row = coef.index_select(0, s.index)
-            g.mul_(per_row.view((-1,) + (1,) * (g.dim() - 1)).to(g.dtype))
+    def _step(self, host_grad: Tensor, max_norm: float, *, last: bool) -> None:
+        """Clip each env's gradients (host and seeds) by its own norm, then SGD."""
+        seed_grad = self._seed_grads()
+        host_sq = host_grad.square()
+        squares = host_sq.sum(dim=1)
+        seed_sq = None
+        if seed_grad is not None:
+            seed_sq = seed_grad.square()
+            squares = squares + seed_sq.sum(dim=1)
+        coef = clip_coefficients(squares, max_norm, CLIP_EPS)
+        host_grad.mul_(coef[:, None])
+        if seed_grad is not None:
+            seed_grad.mul_(coef[:, None])
+        if last:
+            self.grad_norms = self._grad_norms(host_sq, seed_sq, coef)
+            self.last_grads = (host_grad, seed_grad)
+        store, s = self.store, self.host_settings
+        step = host_grad
+        if s.weight_decay != 0:
+            step = torch.add(host_grad, store.params, alpha=s.weight_decay)
+        if s.momentum != 0:
+            store.momentum.mul_(s.momentum).add_(step)
+            step = store.momentum
+        store.params.add_(step, alpha=-s.lr)
+        if seed_grad is not None:
+            self._seed_sgd(seed_grad)
 
-    @torch.no_grad()
-    def _sgd_step(self) -> None:
-        """``torch.optim.SGD``'s arithmetic on the stacked tensors, foreach per settings."""
-        by_settings: dict[SgdSettings, list[str]] = {}
-        for key, s in self.params.items():
-            if s.tensor.grad is not None and s.settings is not None:
-                by_settings.setdefault(s.settings, []).append(key)
-        for settings, keys in by_settings.items():
-            stacks = [self.params[k] for k in keys]
-            ps = [s.tensor for s in stacks]
-            steps = [g for g in (t.grad for t in ps) if g is not None]
+    def _seed_grads(self) -> Tensor | None:
+        """Every trainable kind's gradient in its rows and columns of a [N, S] tensor."""
+        trained = [k for kinds in self.kinds.values() for k in kinds if k.trainable]
+        if not trained:
+            return None
+        grads = torch.zeros_like(self.store.seed_params)
+        for kind in trained:
+            grad = self.leaves[id(kind)].grad
+            if grad is None:
+                continue
+            cols = grads[:, kind.offset : kind.offset + kind.layout.width]
+            if len(kind.rows) == len(self.envs):
+                cols.copy_(grad)
+            else:
+                cols.index_copy_(0, kind.index, grad)
+        return grads
+
+    def _seed_sgd(self, grads: Tensor) -> None:
+        """SGD on the rows and columns of stepping seeds only (masked, per settings)."""
+        store = self.store
+        for settings, (mask, decay) in self._seed_masks().items():
+            step = grads
             if settings.weight_decay != 0:
-                steps = list(torch._foreach_add(steps, ps, alpha=settings.weight_decay))
+                step = torch.addcmul(grads, store.seed_params, mask, value=settings.weight_decay)
             if settings.momentum != 0:
-                bufs = [b for b in (s.momentum for s in stacks) if b is not None]
-                torch._foreach_mul_(bufs, settings.momentum)
-                torch._foreach_add_(bufs, steps)
-                steps = bufs
-            torch._foreach_add_(ps, steps, alpha=-settings.lr)
-            self.stepped.update(keys)
+                store.seed_momentum.mul_(decay).addcmul_(step, mask)
+                step = store.seed_momentum
+            store.seed_params.addcmul_(step, mask, value=-settings.lr)
 
-    @torch.no_grad()
-    def write_back(self) -> None:
-        """Parameters, buffers, momentum, last gradients and train sums back to each env."""
-        dst: list[Tensor] = []
-        src: list[Tensor] = []
-        for key, s in self.params.items():
-            for j, i in enumerate(s.rows):
-                dst.append(self.named[i][s.name])
-                src.append(s.tensor[j])
-                self._write_momentum(key, s, j, i, dst, src)
-        for s in self.buffers.values():
-            for j, i in enumerate(s.rows):
-                dst.append(self.buffers_of[i][s.name])
-                src.append(s.tensor[j])
-        if dst:
-            torch._foreach_copy_(dst, src)
-        for i in range(len(self.envs)):
-            for p in self.named[i].values():
-                p.grad = None  # a seed outside the forward had none in the per-env path
-        for s in self.params.values():
-            grad = s.tensor.grad
-            if grad is not None:
-                for j, i in enumerate(s.rows):
-                    self.named[i][s.name].grad = grad[j]
+    def _seed_masks(self) -> dict[SgdSettings, tuple[Tensor, Tensor]]:
+        """Per settings, the 0/1 mask of stepping seed tensors and the momentum factor
+        (settings.momentum there, 1 elsewhere), as [N, S]: built on the host per
+        (env, segment part) and expanded on the device with one index (two kernels
+        however many kinds), and cached while the kinds stay the same."""
+        stepping = [
+            k for kinds in self.kinds.values() for k in kinds if k.trainable and k.settings
+        ]
+        key = tuple((k.settings, k.offset, k.layout.width, k.rows) for k in stepping)
+        cached = self.store.mask_cache.get(key)
+        if cached is not None:
+            return cached
+        store = self.store
+        masks: dict[SgdSettings, tuple[Tensor, Tensor]] = {}
+        for settings in dict.fromkeys(k.settings for k in stepping):
+            assert settings is not None
+            table = [[0.0] * store.n_parts for _ in self.envs]
+            decay = [[1.0] * store.n_parts for _ in self.envs]
+            for k in stepping:
+                if k.settings == settings:
+                    for part in store.parts_of(k.offset, k.layout.width):
+                        for row in k.rows:
+                            table[row][part], decay[row][part] = 1.0, settings.momentum
+            both = torch.tensor([table, decay], device=self.device, dtype=store.params.dtype)
+            mask, factor = both.index_select(2, store.column_part).unbind(0)
+            masks[settings] = (mask, factor)
+        store.mask_cache = {key: masks}  # the kinds change rarely: keep the last only
+        return masks
+
+    def _grad_norms(self, host_sq: Tensor, seed_sq: Tensor | None, coef: Tensor) -> Tensor:
+        """[N, n_slots, 2]: per slot [seed norm, host norm at the slot] of the clipped
+        gradients (``MorphogeneticModel.grad_norms``), from the squares already taken."""
+        store = self.store
+        host = host_sq @ store.host_ref_membership
+        seed = host.new_zeros(host.shape) if seed_sq is None else seed_sq @ store.slot_membership
+        norms = torch.stack([seed, host], dim=2).sqrt() * coef[:, None, None]
+        return norms.float()
+
+    # --- after the epoch ---------------------------------------------------------------
+
+    def finish(self, *, expose_grads: bool = False) -> None:
+        """Per env: train sums, gradient norms and the momentum buffers, as views of the
+        stacked tensors; the last batch's gradients too when ``expose_grads``."""
+        self.store.expose_host_momentum()
+        for kinds in self.kinds.values():
+            for kind in kinds:
+                if kind.trainable and kind.settings is not None:
+                    for row in kind.rows:
+                        self.store.expose_seed_momentum(row, kind.slot_id, kind.layout, kind.offset)
+        norms = self.grad_norms
         for i, env in enumerate(self.envs):
-            assert env.train_accum is not None
-            env.train_accum += self.accum[i]
+            env.train_accum = self.accum[i]
+            if norms is not None:
+                env.last_grad_norms = norms[i]
+        if expose_grads:
+            self._expose_grads()
 
-    def _write_momentum(
-        self, key: str, s: _Stack, j: int, i: int, dst: list[Tensor], src: list[Tensor]
-    ) -> None:
-        if s.momentum is None or key not in self.stepped:
-            return  # never stepped: torch would have no buffer either
-        p = self.named[i][s.name]
-        owner = self.owners[i]
-        assert owner is not None
-        state = owner[id(p)][0].state[p]
-        buf = state.get("momentum_buffer")
-        if buf is None:
-            state["momentum_buffer"] = s.momentum[j].clone()
-        else:
-            dst.append(buf)
-            src.append(s.momentum[j])
+    def _expose_grads(self) -> None:
+        """Each env's parameters get their last-batch gradient (views), as after a
+        per-env epoch; tensors outside the forward get none (debug layer statistics)."""
+        if self.last_grads is None:
+            return
+        host_grad, seed_grad = self.last_grads
+        for i, env in enumerate(self.envs):
+            for p in env.model.parameters():
+                p.grad = None
+            views = self.store.params_layout.row_views(host_grad[i])
+            for p, view in zip(env.model.host.parameters(), views, strict=True):
+                p.grad = view
+        if seed_grad is None:
+            return
+        for kinds in self.kinds.values():
+            for kind in kinds:
+                if not kind.trainable:
+                    continue
+                for row in kind.rows:
+                    slot = self.envs[row].model.slot(kind.slot_id)
+                    params = dict(slot.named_parameters())
+                    cols = seed_grad[row, kind.offset : kind.offset + kind.layout.width]
+                    for name, view in zip(kind.layout.names, kind.layout.row_views(cols), strict=True):
+                        params[name].grad = view
+
+
+def _vmapped(
+    module: nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor], h: Tensor,
+    *extra: Tensor,
+) -> Tensor:  # fmt: skip
+    """``module`` vmapped over stacked parameters, buffers and inputs (dim 0)."""
+
+    def one(p: dict[str, Tensor], b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
+        out: Tensor = functional_call(module, (p, b), (z, *e))
+        return out
+
+    out: Tensor = torch.vmap(one)(params, buffers, h, *extra)
+    return out

@@ -1,0 +1,363 @@
+"""Stacked storage of a batched group's host and seed tensors, shared with the env modules.
+
+Why: the batched step (:mod:`slot_groups`) must touch every env's parameters with a
+handful of kernels, whatever the number of envs or parameters. So each group of
+batched envs keeps, for the round, one ``[N, P]`` tensor of all host parameters (one
+row per env), one of their SGD momentum, one per buffer dtype, and one ``[N, S]``
+tensor of seed parameters in which every (slot, blueprint) pair has its own columns.
+Each env's ``nn.Module`` tensors are *views* of its row, so the module stays the source
+of truth for everything per env (lifecycle operations, snapshots and restores,
+checkpoints, the per-env path) without a copy in either direction, while clipping, the
+SGD step and gradient norms run once on the stacked tensors.
+
+A seed is *adopted* (its tensors copied into its row and re-pointed there, momentum
+zeroed: a new seed has none) the first time a pass sees it, so germinations, prunes
+and rollback restores need no hook. An env whose optimizer state is cleared (a
+rollback) has its momentum rows zeroed, which is exactly torch's "no buffer yet"
+with dampening 0 (``0 * m + g == g``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from esper.model.blending import BlendGate
+
+if TYPE_CHECKING:
+    from esper.model import MorphogeneticModel
+    from esper.training.env_state import EnvState
+
+#: 4-d tensors kept channels-last are laid out (O, H, W, I) in their row.
+CHANNELS_LAST_ORDER = (0, 2, 3, 1)
+CHANNELS_LAST_INVERSE = (0, 3, 1, 2)
+IMAGE_DIMS = 4
+
+
+def _channels_last(t: Tensor) -> bool:
+    return (
+        t.dim() == IMAGE_DIMS
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor's columns in a flat row."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    channels_last: bool
+
+    def storage_shape(self) -> tuple[int, ...]:
+        if not self.channels_last:
+            return self.shape
+        return tuple(self.shape[i] for i in CHANNELS_LAST_ORDER)
+
+
+class FlatLayout:
+    """Where each named tensor lives in a flat row (in order, no gaps)."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.entries = tuple(entries)
+        self.width = sum(e.numel for e in self.entries)
+        self.names = tuple(e.name for e in self.entries)
+
+    @classmethod
+    def of(cls, named: Iterable[tuple[str, Tensor]]) -> FlatLayout:
+        entries, offset = [], 0
+        for name, t in named:
+            entries.append(Entry(name, tuple(t.shape), offset, t.numel(), _channels_last(t)))
+            offset += t.numel()
+        return cls(entries)
+
+    def flatten(self, tensors: Sequence[Tensor]) -> Tensor:
+        """The tensors (in layout order) as one row (one ``cat``)."""
+        parts = [
+            (t.permute(*CHANNELS_LAST_ORDER) if e.channels_last else t).reshape(-1)
+            for e, t in zip(self.entries, tensors, strict=True)
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def row_views(self, row: Tensor) -> list[Tensor]:
+        """Views of one row ``[width]`` shaped (and strided) like the original tensors."""
+        out = []
+        for e in self.entries:
+            piece = row[e.offset : e.offset + e.numel].view(e.storage_shape())
+            out.append(piece.permute(*CHANNELS_LAST_INVERSE) if e.channels_last else piece)
+        return out
+
+    def stack_views(self, flat: Tensor) -> dict[str, Tensor]:
+        """``[n, width]`` as ``{name: [n, *shape]}``. One ``split``, so a gradient of
+        ``flat`` flows back through one ``cat`` rather than one copy per tensor."""
+        n = flat.shape[0]
+        out: dict[str, Tensor] = {}
+        pieces = flat.split([e.numel for e in self.entries], dim=1)
+        for e, piece in zip(self.entries, pieces, strict=True):
+            view = piece.view(n, *e.storage_shape())
+            if e.channels_last:
+                view = view.permute(0, *(1 + i for i in CHANNELS_LAST_INVERSE))
+            out[e.name] = view
+        return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A (slot, blueprint) pair's columns of the seed store: the seed's tensors, then
+    (for GATE styles) its blend gate's, as named in the slot module."""
+
+    slot_id: str
+    blueprint: str
+    offset: int
+    seed: FlatLayout
+    gate: FlatLayout
+
+    def layout(self, with_gate: bool) -> FlatLayout:
+        entries = list(self.seed.entries)
+        if with_gate:
+            base = self.seed.width
+            entries += [
+                Entry(e.name, e.shape, base + e.offset, e.numel, e.channels_last)
+                for e in self.gate.entries
+            ]
+        return FlatLayout(entries)
+
+    @property
+    def width(self) -> int:
+        return self.seed.width + self.gate.width
+
+
+class SeedLayout:
+    """Every (slot, blueprint) segment a model's seeds can occupy (built once per host
+    geometry, from modules on the meta device: no memory, no kernels)."""
+
+    _cache: ClassVar[dict[tuple[object, ...], SeedLayout]] = {}
+
+    def __init__(self, model: MorphogeneticModel) -> None:
+        channels_last = model._host_channels_last()
+        self.segments: dict[tuple[str, str], Segment] = {}
+        offset = 0
+        for slot_id in model.slot_ids:
+            width = model.positions[slot_id].width
+            with torch.device("meta"):
+                gate = _fmt(BlendGate(width, model.topology), channels_last)
+            gate_layout = FlatLayout.of((f"gate.{n}", p) for n, p in gate.named_parameters())
+            for name in model.registry.names(model.topology):
+                bp = model.registry.get(model.topology, name)
+                with torch.device("meta"):
+                    seed = _fmt(bp.factory(width), channels_last)
+                seed_layout = FlatLayout.of((f"seed.{n}", p) for n, p in seed.named_parameters())
+                seg = Segment(slot_id, name, offset, seed_layout, gate_layout)
+                self.segments[(slot_id, name)] = seg
+                offset += seg.width
+        self.width = offset
+
+    @classmethod
+    def of(cls, model: MorphogeneticModel) -> SeedLayout:
+        key = (
+            model.topology,
+            tuple((s, model.positions[s].width) for s in model.slot_ids),
+            model.registry.names(model.topology),
+            model._host_channels_last(),
+            id(model.registry),
+        )
+        found = cls._cache.get(key)
+        if found is None:
+            found = cls._cache[key] = cls(model)
+        return found
+
+
+def _fmt(module: nn.Module, channels_last: bool) -> nn.Module:
+    return module.to(memory_format=torch.channels_last) if channels_last else module  # type: ignore[call-overload]
+
+
+def _repoint(tensors: Sequence[Tensor], views: Sequence[Tensor]) -> None:
+    """Make each module tensor share its row's memory (same object, new storage)."""
+    for t, v in zip(tensors, views, strict=True):
+        t.data = v
+
+
+class HostStore:
+    """The stacked tensors of one batched group for one round (module docstring)."""
+
+    def __init__(self, envs: Sequence[EnvState]) -> None:
+        self.envs = list(envs)
+        model = envs[0].model
+        self.device = envs[0].device
+        n = len(envs)
+        host = [list(e.model.host.named_parameters()) for e in envs]
+        self.params_layout = FlatLayout.of(host[0])
+        with torch.no_grad():
+            self.params = torch.stack(
+                [self.params_layout.flatten([p for _, p in named]) for named in host]
+            )
+            if any(e.host_optimizer.state for e in envs):  # a group formed mid-training
+                self.momentum = torch.stack(
+                    [
+                        self.params_layout.flatten([_momentum(e, p) for _, p in named])
+                        for e, named in zip(envs, host, strict=True)
+                    ]
+                )
+            else:
+                self.momentum = torch.zeros_like(self.params)
+        # One contiguous [N, *shape] tensor per buffer: vmapped BatchNorm updates its
+        # running statistics in place only in a contiguous batched tensor.
+        buffers = [dict(e.model.host.named_buffers()) for e in envs]
+        with torch.no_grad():
+            self.buffers = {k: torch.stack([b[k] for b in buffers]) for k in buffers[0]}
+        for i, env in enumerate(envs):
+            _repoint([p for _, p in host[i]], self.params_layout.row_views(self.params[i]))
+            _repoint(list(buffers[i].values()), [b[i] for b in self.buffers.values()])
+            env.store = self
+        self.seeds = SeedLayout.of(model)
+        self.seed_params = self.params.new_zeros(n, self.seeds.width)
+        self.seed_momentum = torch.zeros_like(self.seed_params)
+        self._adopted: list[dict[str, nn.Module]] = [{} for _ in envs]
+        #: Row index tensors and SGD masks of the seed kinds (kinds change rarely).
+        self.index_cache: dict[tuple[int, ...], Tensor] = {}
+        self.mask_cache: dict[object, Any] = {}
+        #: Each seed column's part (a segment's seed tensors, or its gate's): what the
+        #: SGD masks are built from, per (env, part).
+        starts = sorted(
+            {seg.offset for seg in self.seeds.segments.values()}
+            | {seg.offset + seg.seed.width for seg in self.seeds.segments.values()}
+        )
+        self._part_starts = starts
+        self.n_parts = len(starts)
+        widths = [b - a for a, b in zip(starts, [*starts[1:], self.seeds.width], strict=True)]
+        part_ids = torch.repeat_interleave(torch.arange(self.n_parts), torch.tensor(widths))
+        self.column_part = part_ids.to(self.device)
+        self.slot_membership, self.host_ref_membership = self._memberships(model)
+
+    def _memberships(self, model: MorphogeneticModel) -> tuple[Tensor, Tensor]:
+        """[S, n_slots] seed columns of each slot, [P, n_slots] host columns of each
+        slot's reference segment: per-slot sums of squared gradients as one matmul."""
+        by_slot: dict[str, list[tuple[int, int]]] = {s: [] for s in model.slot_ids}
+        for (sid, _), seg in self.seeds.segments.items():
+            by_slot[sid].append((seg.offset, seg.offset + seg.width))
+        host = []
+        for slot_id in model.slot_ids:
+            prefix = f"segments.{model.positions[slot_id].ref_segment}."
+            host.append(
+                [
+                    (e.offset, e.offset + e.numel)
+                    for e in self.params_layout.entries
+                    if e.name.startswith(prefix)
+                ]
+            )
+        slot_m = membership(self.seeds.width, [by_slot[s] for s in model.slot_ids])
+        host_m = membership(self.params_layout.width, host)
+        like = self.params
+        return slot_m.to(like.device, like.dtype), host_m.to(like.device, like.dtype)
+
+    @staticmethod
+    def for_envs(envs: Sequence[EnvState]) -> HostStore:
+        """The store these envs already share, or a new one for exactly them."""
+        store = envs[0].store
+        if (
+            isinstance(store, HostStore)
+            and len(store.envs) == len(envs)
+            and all(a is b and b.store is store for a, b in zip(store.envs, envs, strict=True))
+        ):
+            return store
+        return HostStore(envs)
+
+    # --- seeds ---------------------------------------------------------------------------
+
+    def segment(self, slot_id: str, blueprint: str) -> Segment:
+        return self.seeds.segments[(slot_id, blueprint)]
+
+    @torch.no_grad()
+    def adopt_seeds(self) -> None:
+        """Copy every seed not seen yet into its row of its (slot, blueprint) segment."""
+        for i, env in enumerate(self.envs):
+            adopted = self._adopted[i]
+            for slot_id in env.model.slot_ids:
+                slot = env.model.slot(slot_id)
+                if slot.seed is None or adopted.get(slot_id) is slot.seed:
+                    continue
+                seg = self.segment(slot_id, slot.life.blueprint)
+                named = list(slot.seed.named_parameters(prefix="seed"))
+                lay = seg.seed
+                if slot.gate is not None:
+                    named += list(slot.gate.named_parameters(prefix="gate"))
+                    lay = seg.layout(with_gate=True)
+                cols = slice(seg.offset, seg.offset + lay.width)
+                tensors = [p for _, p in named]
+                self.seed_params[i, cols] = lay.flatten(tensors)
+                if any(p in opt.state for opt in env.seed_optimizers.values() for p in tensors):
+                    self.seed_momentum[i, cols] = lay.flatten([_momentum(env, p) for p in tensors])
+                else:  # a new seed: no momentum yet
+                    self.seed_momentum[i, cols] = 0.0
+                _repoint(tensors, lay.row_views(self.seed_params[i, cols]))
+                adopted[slot_id] = slot.seed
+
+    def parts_of(self, offset: int, width: int) -> list[int]:
+        """The parts that columns ``offset .. offset + width`` cover."""
+        return [i for i, a in enumerate(self._part_starts) if offset <= a < offset + width]
+
+    def clear_momentum(self, env: EnvState) -> None:
+        """A rollback cleared this env's optimizers: no momentum anywhere."""
+        row = next(i for i, e in enumerate(self.envs) if e is env)
+        self.momentum[row].zero_()
+        self.seed_momentum[row].zero_()
+
+    # --- the per-env optimizers' view of the momentum ----------------------------------
+
+    def expose_host_momentum(self) -> None:
+        """Give each env's host optimizer its momentum row as ``momentum_buffer`` views, so
+        per-env readers see the batched state (again after a rollback cleared it)."""
+        for i, env in enumerate(self.envs):
+            state = env.host_optimizer.state
+            params = list(env.model.host.parameters())
+            if params and "momentum_buffer" in state.get(params[0], {}):
+                continue
+            views = self.params_layout.row_views(self.momentum[i])
+            for p, view in zip(params, views, strict=True):
+                state[p]["momentum_buffer"] = view
+
+    def expose_seed_momentum(self, row: int, slot_id: str, lay: FlatLayout, offset: int) -> None:
+        """The same for a seed that stepped (kept once set: the view stays current)."""
+        env = self.envs[row]
+        opt = env.seed_optimizers.get(slot_id)
+        if opt is None:
+            return
+        slot = env.model.slot(slot_id)
+        params = dict(slot.named_parameters())
+        views = lay.row_views(self.seed_momentum[row, offset : offset + lay.width])
+        for name, view in zip(lay.names, views, strict=True):
+            p = params[name]
+            if "momentum_buffer" not in opt.state.get(p, {}):
+                opt.state[p]["momentum_buffer"] = view
+
+
+def _momentum(env: EnvState, p: Tensor) -> Tensor:
+    """Env's momentum buffer of ``p`` (zeros where it has none: exact with dampening 0)."""
+    for opt in (env.host_optimizer, *env.seed_optimizers.values()):
+        buf = opt.state.get(p, {}).get("momentum_buffer") if p in opt.state else None
+        if buf is not None:
+            return buf.detach()
+    return torch.zeros_like(p)
+
+
+def membership(layout_width: int, groups: Sequence[Sequence[tuple[int, int]]]) -> Tensor:
+    """[width, G] 0/1 matrix: column ranges (start, stop) of each group (for per-group
+    sums of squares as one matmul)."""
+    out = torch.zeros(layout_width, len(groups))
+    for g, ranges in enumerate(groups):
+        for start, stop in ranges:
+            out[start:stop, g] = 1.0
+    return out
+
+
+def clip_coefficients(squares: Tensor, max_norm: float, eps: float) -> Tensor:
+    """``clip_grad_norm_``'s coefficient per row from its summed squared gradients."""
+    return torch.clamp(max_norm / (squares.sqrt() + eps), max=1.0)
+
