@@ -292,7 +292,7 @@ class MorphogeneticModel(nn.Module):
         key = (device, *groups)
         index = self._grad_index.get(key)
         if index is None:  # built once per seed layout, never per batch
-            index = torch.tensor(groups, dtype=torch.long).to(device)
+            index = torch.tensor(groups, dtype=torch.long).to(device, non_blocking=True)
             self._grad_index = {key: index}
         return index
 
@@ -364,7 +364,7 @@ class MorphogeneticModel(nn.Module):
     def _to_host_layout(self, module: nn.Module) -> nn.Module:
         """Match the host's device, dtype and (for CNNs) memory format."""
         ref = next(self.host.parameters())
-        module = module.to(device=ref.device, dtype=ref.dtype)
+        module = module.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
         if self._host_channels_last():
             module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         return module

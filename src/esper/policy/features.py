@@ -266,6 +266,6 @@ def build_features(
     active = np.isin(stage, [_STAGE_CODE[s] for s in ACTIVE_STAGES])
     bp_ids = np.where(active, raw[..., _R["blueprint"]], 0).astype(np.int64)
     return (
-        torch.from_numpy(obs.astype(np.float32)).to(device),
-        torch.from_numpy(bp_ids).to(device),
+        torch.from_numpy(obs.astype(np.float32)).to(device, non_blocking=True),
+        torch.from_numpy(bp_ids).to(device, non_blocking=True),
     )

@@ -229,7 +229,7 @@ def compute_masks(
     n, sizes = len(reports), space.head_sizes
     menus = ("blueprint", "alpha_target", "style", "tempo")
     parts = [arrays["op"], arrays["slot"].reshape(n, -1), *(arrays[h] for h in menus)]
-    packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(device)
+    packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(device, non_blocking=True)
     widths = [N_OPS, N_OPS * space.n_slots, *(sizes[h] for h in menus)]
     op, slot_flat, *menu_masks = torch.split(packed, widths, dim=1)
     free = {

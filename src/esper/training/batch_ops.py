@@ -4,8 +4,8 @@ Fenced hot path. Losses, correct counts and gradient norms accumulate in device
 tensors; nothing here calls ``.item()``, ``.cpu()`` or ``.tolist()``. After both passes,
 :func:`gather_step_stats` packs every env's numbers into one tensor and transfers it to
 the host once. On CUDA each env runs on its own stream, waits on the default stream
-before touching loader tensors, records them on its stream, and the streams are
-synchronised once per pass.
+before touching loader tensors, records them on its stream, and at the end of a pass
+the default stream waits for every env stream (on the device, not the host).
 """
 
 from __future__ import annotations
@@ -285,7 +285,8 @@ def _unpack(host: list[float], layouts: Sequence[Layout]) -> list[EnvStepStats]:
 
 
 def synchronize(envs: Sequence[EnvState]) -> None:
-    """One synchronise per env stream per pass (no-op on CPU)."""
+    """The default stream waits for every env stream (a wait on the device: the host
+    never blocks; the step's one transfer then sees the pass's results). No-op on CPU."""
     for env in envs:
         if env.stream is not None:
-            env.stream.synchronize()
+            torch.cuda.current_stream(env.device).wait_stream(env.stream)

@@ -106,7 +106,7 @@ def nan_mask(group: Sequence[EnvState], nan_envs: frozenset[int]) -> Tensor | No
     if not any(env.index in nan_envs for env in group):
         return None
     values = [math.nan if env.index in nan_envs else 1.0 for env in group]
-    return torch.tensor(values, device=group[0].device)
+    return torch.tensor(values).to(group[0].device, non_blocking=True)
 
 
 #: A batch for every env at once: inputs [N, B, ...] and targets [N, B] (the iterator's
@@ -120,7 +120,7 @@ def _rows(batch: Batches, members: Sequence[int], n: int) -> tuple[Tensor, Tenso
         x, y = batch
         if len(members) == n:
             return x, y
-        index = torch.tensor(members, device=x.device)
+        index = torch.tensor(members).to(x.device, non_blocking=True)
         return x.index_select(0, index), y.index_select(0, index)
     return torch.stack([batch[i][0] for i in members]), torch.stack([batch[i][1] for i in members])
 
@@ -236,7 +236,7 @@ def _validate_group(
     k = max(len(c) for c in configs)
     padded = [list(c) + [c[0]] * (k - len(c)) for c in configs]
     device = envs[0].device
-    table = torch.tensor(padded, device=device)  # [N, K, n_slots]: one copy
+    table = torch.tensor(padded).to(device, non_blocking=True)  # [N, K, n_slots]
     n = table.shape[0]
     lay = val_layout(k)
     acc = torch.zeros(n, lay.width, device=device)

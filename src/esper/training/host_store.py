@@ -233,7 +233,7 @@ class HostStore:
         self.n_parts = len(starts)
         widths = [b - a for a, b in zip(starts, [*starts[1:], self.seeds.width], strict=True)]
         part_ids = torch.repeat_interleave(torch.arange(self.n_parts), torch.tensor(widths))
-        self.column_part = part_ids.to(self.device)
+        self.column_part = part_ids.to(self.device, non_blocking=True)
         self.slot_membership, self.host_ref_membership = self._memberships(model)
 
     def _memberships(self, model: MorphogeneticModel) -> tuple[Tensor, Tensor]:
@@ -255,7 +255,10 @@ class HostStore:
         slot_m = membership(self.seeds.width, [by_slot[s] for s in model.slot_ids])
         host_m = membership(self.params_layout.width, host)
         like = self.params
-        return slot_m.to(like.device, like.dtype), host_m.to(like.device, like.dtype)
+        return (
+            slot_m.to(like.device, like.dtype, non_blocking=True),
+            host_m.to(like.device, like.dtype, non_blocking=True),
+        )
 
     @staticmethod
     def for_envs(envs: Sequence[EnvState]) -> HostStore:

@@ -203,8 +203,8 @@ class Learner:
                 actions=d.actions,
                 log_probs=d.log_probs,
                 values=self.value_norm.denormalize(d.values),
-                rewards_normalized=normalized.to(self.device),
-                rewards_raw=raw.to(self.device),
+                rewards_normalized=normalized.to(self.device, non_blocking=True),
+                rewards_raw=raw.to(self.device, non_blocking=True),
                 dones=terminal,
                 hidden=d.hidden,
             )

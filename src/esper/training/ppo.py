@@ -131,8 +131,8 @@ class _Chunks:
         self.actions, self.old_log_probs = cut(buf.actions), cut(buf.log_probs)
         self.advantages, self.targets = cut(advantages), cut(targets)
         self.masks = {name: cut(m) for name, m in buf.masks.items()}
-        if pad:  # padded steps: op 0 valid so no head is fully masked
-            self.masks["op"][~self.valid, 0] = True
+        if pad:  # padded steps: op 0 valid so no head is fully masked (no boolean index:
+            self.masks["op"][..., 0] |= ~self.valid  # that would read the device)
         if length == t:
             self.hidden0: Hidden = buf.hidden0
         else:
@@ -329,7 +329,7 @@ class PPOUpdater:
         epochs, early, skip_reason = 0, False, ""
         vals: list[float] = []
         for epoch in range(self.cfg.update_epochs):
-            order = torch.randperm(chunks.n_chunks, generator=gen).to(buffer.device)
+            order = torch.randperm(chunks.n_chunks, generator=gen).to(buffer.device, non_blocking=True)
             steps_ = [self._step(chunks, idx, coef, loss_hook) for idx in order.tensor_split(n_mb)]
             vals = host_copy(self._packet(steps_, base))  # the epoch's one host read
             skip_reason = self._skip_reason(vals, len(steps_), epoch)

@@ -124,7 +124,7 @@ class HostBatch:
         assert owner0 is not None, "host_key admits only batchable optimizers"
         self.host_settings = owner0[id(first)][1]
         alphas = [e.model.alpha_values() for e in envs]
-        self.alphas = torch.tensor(alphas, device=self.device)  # [N, n_slots], one copy
+        self.alphas = torch.tensor(alphas).to(self.device, non_blocking=True)  # [N, n_slots]
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
         self._loss = torch.vmap(loss_and_correct)
         self.accum = torch.zeros(len(envs), TRAIN_ACCUM.width, device=self.device)
@@ -181,7 +181,7 @@ class HostBatch:
         cache = self.store.index_cache
         key = tuple(rows)
         if key not in cache:
-            cache[key] = torch.tensor(key, device=self.device)
+            cache[key] = torch.tensor(key).to(self.device, non_blocking=True)
         return cache[key]
 
     # --- forward ---------------------------------------------------------------------
@@ -346,7 +346,8 @@ class HostBatch:
                     for part in store.parts_of(k.offset, k.layout.width):
                         for row in k.rows:
                             table[row][part], decay[row][part] = 1.0, settings.momentum
-            both = torch.tensor([table, decay], device=self.device, dtype=store.params.dtype)
+            both = torch.tensor([table, decay], dtype=store.params.dtype)
+            both = both.to(self.device, non_blocking=True)
             mask, factor = both.index_select(2, store.column_part).unbind(0)
             masks[settings] = (mask, factor)
         store.mask_cache = {key: masks}  # the kinds change rarely: keep the last only
