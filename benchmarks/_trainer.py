@@ -172,12 +172,14 @@ def _round_phases(run_dir: Path | None) -> dict[str, float]:
     type_dir = type_rank_dir(run_dir, "round_finished", 0).parent
     if not type_dir.exists():
         return {}
-    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq  # not polars: a GPU machine runs this without it
 
     files = sorted(type_dir.rglob("*.parquet"))
     cols = ["train_ms", "val_ms", "policy_ms", "action_ms", "ppo_ms"]
-    frame = pl.read_parquet(files, columns=cols)
-    return {c.removesuffix("_ms"): float(frame[c].sum()) for c in cols}
+    table = pa.concat_tables([pq.read_table(f, columns=cols) for f in files])
+    return {c.removesuffix("_ms"): float(pc.sum(table[c]).as_py() or 0.0) for c in cols}
 
 
 def _telemetry_size(run_dir: Path | None) -> tuple[int, int, float, int]:
