@@ -47,8 +47,13 @@ step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and the deadli
 }
 
 step versions 30 python3 -c "import torch, platform; print(platform.python_version(), torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')"
+# A batched run that crashes must not cost the other variants' figures.
+VARIANTS=trainer,batched,floor
+step smoke_batched 60 python3 -m esper train --device "$DEVICE" --batch-envs --envs 4 --rounds 1 \
+    --episode-length 2 --telemetry-level off --no-progress --task digits
+grep -q "smoke_batched rc=0" "$RESULTS/status.txt" || VARIANTS=trainer,floor
 step eps_synthetic_ref 260 python3 benchmarks/eps.py --device "$DEVICE" --tasks synthetic_ref \
-    --n-envs 4,16,64 --variants trainer,batched,floor --repeats 2 --out "$RESULTS/eps_synthetic_ref" $Q
+    --n-envs 4,16,64 --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_synthetic_ref" $Q
 step launches 90 python3 benchmarks/launches.py --device "$DEVICE" --tasks synthetic_ref \
     --n-envs 16 --out "$RESULTS" $Q
 step cuda_checks 120 python3 benchmarks/cuda_checks.py syncs amp profile --device "$DEVICE" \
@@ -56,5 +61,5 @@ step cuda_checks 120 python3 benchmarks/cuda_checks.py syncs amp profile --devic
 step cuda_tests 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_sync_guard.py \
     tests/training/test_ppo.py tests/training/test_buffer.py tests/policy/test_policy_network.py
 step eps_digits 90 python3 benchmarks/eps.py --device "$DEVICE" --tasks digits --n-envs 4,16 \
-    --variants trainer,batched,floor --repeats 2 --out "$RESULTS/eps_digits" $Q
+    --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_digits" $Q
 python3 benchmarks/gpu_summary.py "$RESULTS"
