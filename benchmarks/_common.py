@@ -83,9 +83,12 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
 
 def native_modules() -> dict[str, bool]:
     """Which optional C accelerators are in use (README, "Conversion")."""
-    from esper.core.native import native_status
+    try:
+        from esper.core.native import native_status
 
-    return native_status()
+        return native_status()
+    except ImportError:  # a machine without the analysis dependencies (a GPU box)
+        return {}
 
 
 #: ``nvidia-smi`` gets this long to answer (it can hang on a broken driver).

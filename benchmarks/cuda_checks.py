@@ -90,9 +90,9 @@ def check_profile(args: Any) -> dict[str, Any]:
     """A few batched steps under torch.profiler (after a warm-up round)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = _config(args, **{"run.batch_envs": True, "run.episode_length": 3})
+    cfg = _config(args, **{"run.batch_envs": True})
     data = T.load_data(cfg)
-    train(cfg, data=data)  # warm-up
+    train(with_overrides(cfg, {"run.episode_length": 2}), data=data)  # warm-up
     activities = [ProfilerActivity.CPU]
     if args.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)

@@ -32,6 +32,7 @@ Q=${QUICK:+--quick}
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and the deadline
     local name=$1 limit=$2 left
     shift 2
+    [[ " ${SKIP:-} " == *" $name "* ]] && return  # SKIP="eps_digits ...": steps to leave out
     left=$(( DEADLINE - $(date +%s) ))
     (( left < limit )) && limit=$left
     if (( limit < 10 )); then
@@ -55,11 +56,18 @@ grep -q "smoke_batched rc=0" "$RESULTS/status.txt" || VARIANTS=trainer,floor
 step eps_synthetic_ref 260 python3 benchmarks/eps.py --device "$DEVICE" --tasks synthetic_ref \
     --n-envs 4,16,64 --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_synthetic_ref" $Q
 step launches 90 python3 benchmarks/launches.py --device "$DEVICE" --tasks synthetic_ref \
-    --n-envs 16 --out "$RESULTS" $Q
+    --n-envs 16 --sites --out "$RESULTS" $Q
 step cuda_checks 120 python3 benchmarks/cuda_checks.py syncs amp profile --device "$DEVICE" \
     --out "$RESULTS" $Q
 step cuda_tests 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_sync_guard.py \
     tests/training/test_ppo.py tests/training/test_buffer.py tests/policy/test_policy_network.py
 step eps_digits 90 python3 benchmarks/eps.py --device "$DEVICE" --tasks digits --n-envs 4,16 \
     --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_digits" $Q
+if [[ -d .base/src ]]; then  # a copy of an earlier tree: the same EPS measured by turns
+    step eps_base 100 env PYTHONPATH=".base/src:.base/analysis${PYTHONPATH#src:analysis}" \
+        python3 benchmarks/eps.py --device "$DEVICE" --tasks synthetic_ref --n-envs 16 \
+        --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_base" $Q
+    step eps_new 100 python3 benchmarks/eps.py --device "$DEVICE" --tasks synthetic_ref \
+        --n-envs 16 --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_new" $Q
+fi
 python3 benchmarks/gpu_summary.py "$RESULTS"

@@ -102,7 +102,7 @@ class SharedBatchIterator:
         rows = self.epoch_indices(epoch_index)
         # Without the split every row is the same: gather it once, every env slices it.
         idx, stride = (rows.reshape(-1), self.per_env) if self.split else (rows[0], 0)
-        idx = idx.to(self.device)
+        idx = idx.to(self.device, non_blocking=True)
         x = _layout(self.train_x.index_select(0, idx), self.channels_last)
         y = self.train_y.index_select(0, idx)
         for start in range(0, self.per_env, self.batch_size):
@@ -117,7 +117,7 @@ class SharedBatchIterator:
         """:meth:`epoch` for batched envs: per step, inputs [n_envs, B, ...] and targets
         [n_envs, B], views of the epoch's one gather (no copy per env or batch)."""
         rows = self.epoch_indices(epoch_index)
-        idx = (rows.reshape(-1) if self.split else rows[0]).to(self.device)
+        idx = (rows.reshape(-1) if self.split else rows[0]).to(self.device, non_blocking=True)
         x = _layout(self.train_x.index_select(0, idx), self.channels_last)
         y = self.train_y.index_select(0, idx)
         if self.split:

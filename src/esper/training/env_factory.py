@@ -67,7 +67,7 @@ class EnvFactory:
             self.spec,
             seed=env_seed(self.cfg.run.seed, rnd, index),
             strict_gates=self.cfg.host.strict_gates,
-        ).to(device)
+        ).to(device, non_blocking=True)
         if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         governor = Governor(self.cfg.governor, random_guess_loss=self.spec.random_guess_loss)

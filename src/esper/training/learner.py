@@ -105,7 +105,7 @@ class Learner:
         dim = obs_dim(space.n_slots)
         self.obs_norm = RunningMeanStd((dim,), device=self.device)
         self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma, clip=cfg.reward.normalize_clip)
-        self.value_norm = ValueNormalizer()
+        self.value_norm = ValueNormalizer(device=self.device)  # with the values it scales
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(cfg.run.seed + POLICY_SEED_OFFSET)
         self._round_obs: list[torch.Tensor] = []

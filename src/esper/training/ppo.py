@@ -23,7 +23,6 @@ statistics, so the last packet is also the update's metrics.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -96,8 +95,19 @@ def relevance_table(device: torch.device | str = "cpu") -> Tensor:
     return torch.tensor(
         [[name in RELEVANT_HEADS[op] for name in HEAD_NAMES] for op in LifecycleOp],
         dtype=torch.bool,
-        device=device,
-    )
+    ).to(device, non_blocking=True)
+
+
+def _cloned(state: Any) -> Any:
+    """A copy of an optimizer state dict: tensors cloned where they live (a deepcopy of a
+    CUDA tensor goes through a blocking storage copy)."""
+    if isinstance(state, Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_cloned(v) for v in state]
+    return state  # numbers, strings, tuples, None: immutable
 
 
 def _nan_if_zero(count: Tensor) -> Tensor:
@@ -275,7 +285,7 @@ class PPOUpdater:
     def _snapshot(self) -> dict[str, Any]:
         return {
             "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": _cloned(self.optimizer.state_dict()),
             "value_norm": self.value_normalizer.state_dict(),
         }
 
