@@ -1,6 +1,6 @@
 """The summary table of a ``gpu_check.sh`` run, from the JSON files it left.
 
-    python benchmarks/gpu_summary.py benchmarks/results/gpu_check
+python benchmarks/gpu_summary.py benchmarks/results/gpu_check
 """
 
 from __future__ import annotations
@@ -50,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
             "Launches and syncs per env-step, counted on the device",
             ["variant", "n_envs", "launches", "collection", "syncs", "transfers"],
             [
-                [r["variant"], r["n_envs"], r["launches"], r["collection"], r["syncs"], r["transfers"]]
+                [
+                    r["variant"],
+                    r["n_envs"],
+                    r["launches"],
+                    r["collection"],
+                    r["syncs"],
+                    r["transfers"],
+                ]
                 for r in launches["results"]
             ],
         )
@@ -66,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         print("AMP:", {k: ("ok" if v.get("ok") else v.get("error")) for k, v in amp.items()})
         prof = checks.get("profile")
         if prof:
-            print(f"profile: GPU idle {prof['gpu_idle_fraction']}, kernels {prof['kernel_launches']}")
+            print(
+                f"profile: GPU idle {prof['gpu_idle_fraction']}, kernels {prof['kernel_launches']}"
+            )
     status = root / "status.txt"
     if status.exists():
         print(status.read_text())

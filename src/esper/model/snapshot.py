@@ -40,8 +40,10 @@ _IMAGE_DIMS = 4
 
 
 def _channels_last(t: Tensor) -> bool:
-    return t.dim() == _IMAGE_DIMS and not t.is_contiguous() and t.is_contiguous(
-        memory_format=torch.channels_last
+    return (
+        t.dim() == _IMAGE_DIMS
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
     )
 
 
@@ -52,7 +54,10 @@ def _packed_clone(named: dict[str, Tensor]) -> dict[str, Tensor]:
     for dtype in dict.fromkeys(t.dtype for t in named.values()):
         group = {k: t.detach() for k, t in named.items() if t.dtype == dtype}
         flat = torch.cat(
-            [(t.permute(0, 2, 3, 1) if _channels_last(t) else t).reshape(-1) for t in group.values()]
+            [
+                (t.permute(0, 2, 3, 1) if _channels_last(t) else t).reshape(-1)
+                for t in group.values()
+            ]
         )
         offset = 0
         for k, t in group.items():

@@ -47,6 +47,11 @@ def normalised_entropy(log_probs: Tensor, mask: Tensor) -> Tensor:
     return torch.where(n_valid > 1, ent / scale, torch.zeros_like(ent))
 
 
+def _linear(module: nn.Module) -> nn.Linear:
+    assert isinstance(module, nn.Linear)
+    return module
+
+
 def _choose(log_probs: Tensor, generator: torch.Generator | None, deterministic: bool) -> Tensor:
     if deterministic:
         return log_probs.argmax(dim=-1)
@@ -149,8 +154,8 @@ class FactoredActorCritic(nn.Module):
         the sub-heads', which see the op): two matmuls, not one per head."""
         x = torch.cat([core, self.op_one_hot[op].to(core.dtype)], dim=-1)
         heads = [self.sub_heads[name] for name in HEAD_NAMES[1:]]
-        weight = torch.cat([h.weight for h in heads])  # type: ignore[union-attr]
-        bias = torch.cat([h.bias for h in heads])  # type: ignore[union-attr]
+        weight = torch.cat([_linear(h).weight for h in heads])
+        bias = torch.cat([_linear(h).bias for h in heads])
         return torch.cat([self.op_head(core), F.linear(x, weight, bias)], dim=-1)
 
     def _head_masks(self, masks: ActionMasks, op: Tensor) -> Tensor:
@@ -178,7 +183,9 @@ class FactoredActorCritic(nn.Module):
         chosen = lp.gather(2, actions[:, :, None]).squeeze(2)
         return self._relevant_only(op, chosen, normalised_entropy(lp, mask))
 
-    def _relevant_only(self, op: Tensor, log_probs: Tensor, entropy: Tensor) -> tuple[Tensor, Tensor]:
+    def _relevant_only(
+        self, op: Tensor, log_probs: Tensor, entropy: Tensor
+    ) -> tuple[Tensor, Tensor]:
         relevant = self.relevance[op]
         zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
         return torch.where(relevant, log_probs, zero), torch.where(relevant, entropy, zero)

@@ -26,7 +26,6 @@ holds the two together.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -193,7 +192,9 @@ def validate_batched(
         group = [envs[i] for i in members]
         rows = [alphas[i] for i in members]
         if len(members) == 1:
-            tensor_rows = [None if r is None else torch.as_tensor(r, dtype=torch.float32) for r in rows]
+            tensor_rows = [
+                None if r is None else torch.as_tensor(r, dtype=torch.float32) for r in rows
+            ]
             results[members[0]] = validate_fused(group, val_batches, tensor_rows, opts)[0]
             continue
         configs = [_config_rows(e, r) for e, r in zip(group, rows, strict=True)]
@@ -213,7 +214,8 @@ def _config_rows(
         return [env.model.alpha_values()]
     if isinstance(rows, Tensor):
         assert rows.device.type == "cpu", "alpha configurations are host data"
-        return rows.tolist()  # type: ignore[no-any-return]
+        values: list[list[float]] = rows.tolist()
+        return values
     return rows
 
 

@@ -99,7 +99,7 @@ class FlatLayout:
         ``flat`` flows back through one ``cat`` rather than one copy per tensor."""
         n = flat.shape[0]
         out: dict[str, Tensor] = {}
-        pieces = flat.split([e.numel for e in self.entries], dim=1)
+        pieces = torch.split(flat, [e.numel for e in self.entries], dim=1)
         for e, piece in zip(self.entries, pieces, strict=True):
             view = piece.view(n, *e.storage_shape())
             if e.channels_last:
@@ -345,7 +345,7 @@ def _momentum(env: EnvState, p: Tensor) -> Tensor:
     """Env's momentum buffer of ``p`` (zeros where it has none: exact with dampening 0)."""
     for opt in (env.host_optimizer, *env.seed_optimizers.values()):
         buf = opt.state.get(p, {}).get("momentum_buffer") if p in opt.state else None
-        if buf is not None:
+        if isinstance(buf, Tensor):
             return buf.detach()
     return torch.zeros_like(p)
 
@@ -363,4 +363,3 @@ def membership(layout_width: int, groups: Sequence[Sequence[tuple[int, int]]]) -
 def clip_coefficients(squares: Tensor, max_norm: float, eps: float) -> Tensor:
     """``clip_grad_norm_``'s coefficient per row from its summed squared gradients."""
     return torch.clamp(max_norm / (squares.sqrt() + eps), max=1.0)
-

@@ -165,12 +165,10 @@ class Tally:
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, owner: LaunchCounter) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.owner = owner
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.owner._saw_op(func, args, kwargs, out)
@@ -182,13 +180,12 @@ class _Function(TorchFunctionMode):
         super().__init__()
         self.owner = owner
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "")
-        if name in HOST_READ_METHODS and args and isinstance(args[0], torch.Tensor):
-            if args[0].device.type == "cpu":  # on CUDA the dispatcher sees the copy
-                self.owner._saw_read(name)
+        first = args[0] if args else None
+        # On CUDA the dispatcher sees the copy; on a CPU the read never reaches it.
+        if name in HOST_READ_METHODS and isinstance(first, torch.Tensor) and not first.is_cuda:
+            self.owner._saw_read(name)
         return func(*args, **(kwargs or {}))
 
 

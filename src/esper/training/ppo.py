@@ -339,7 +339,9 @@ class PPOUpdater:
         epochs, early, skip_reason = 0, False, ""
         vals: list[float] = []
         for epoch in range(self.cfg.update_epochs):
-            order = torch.randperm(chunks.n_chunks, generator=gen).to(buffer.device, non_blocking=True)
+            order = torch.randperm(chunks.n_chunks, generator=gen).to(
+                buffer.device, non_blocking=True
+            )
             steps_ = [self._step(chunks, idx, coef, loss_hook) for idx in order.tensor_split(n_mb)]
             vals = host_copy(self._packet(steps_, base))  # the epoch's one host read
             skip_reason = self._skip_reason(vals, len(steps_), epoch)

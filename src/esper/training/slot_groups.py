@@ -32,7 +32,7 @@ from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
 from esper.training.batch_ops import PassOptions, autocast, loss_and_correct
 from esper.training.env_state import TRAIN_ACCUM, EnvState
-from esper.training.host_store import FlatLayout, HostStore, clip_coefficients, membership
+from esper.training.host_store import FlatLayout, HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
@@ -169,7 +169,9 @@ class HostBatch:
             )
         return kinds
 
-    def _kind_key(self, slot: SeedSlot, owner: dict[int, tuple[torch.optim.SGD, SgdSettings]]) -> Hashable:
+    def _kind_key(
+        self, slot: SeedSlot, owner: dict[int, tuple[torch.optim.SGD, SgdSettings]]
+    ) -> Hashable:
         params = tuple(
             (n, p.requires_grad, owner.get(id(p), (None, None))[1])
             for n, p in slot.named_parameters()
@@ -198,7 +200,9 @@ class HostBatch:
                     leaf = leaf.detach().requires_grad_()
                 self.leaves[id(kind)] = leaf
 
-    def forward(self, x: Tensor, alphas: Tensor | None = None, host: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, alphas: Tensor | None = None, host: Tensor | None = None
+    ) -> Tensor:
         """Logits [N, B, ...] of every env for inputs x [N, B, ...]; ``alphas``
         [N, B, n_slots] forces per-sample alphas (else each env's current ones);
         ``host`` is the stacked host parameters to differentiate (default: the store)."""
@@ -263,7 +267,9 @@ class HostBatch:
         assert host.grad is not None
         self._step(host.grad, opts.grad_clip, last=last)
         n = float(y[0].numel())
-        sums = torch.stack([losses.detach().float() * n, correct.float(), torch.full_like(losses, n)])
+        sums = torch.stack(
+            [losses.detach().float() * n, correct.float(), torch.full_like(losses, n)]
+        )
         self.accum += sums.T
 
     @torch.no_grad()
@@ -328,11 +334,9 @@ class HostBatch:
         (settings.momentum there, 1 elsewhere), as [N, S]: built on the host per
         (env, segment part) and expanded on the device with one index (two kernels
         however many kinds), and cached while the kinds stay the same."""
-        stepping = [
-            k for kinds in self.kinds.values() for k in kinds if k.trainable and k.settings
-        ]
+        stepping = [k for kinds in self.kinds.values() for k in kinds if k.trainable and k.settings]
         key = tuple((k.settings, k.offset, k.layout.width, k.rows) for k in stepping)
-        cached = self.store.mask_cache.get(key)
+        cached: dict[SgdSettings, tuple[Tensor, Tensor]] | None = self.store.mask_cache.get(key)
         if cached is not None:
             return cached
         store = self.store
@@ -403,7 +407,9 @@ class HostBatch:
                     slot = self.envs[row].model.slot(kind.slot_id)
                     params = dict(slot.named_parameters())
                     cols = seed_grad[row, kind.offset : kind.offset + kind.layout.width]
-                    for name, view in zip(kind.layout.names, kind.layout.row_views(cols), strict=True):
+                    for name, view in zip(
+                        kind.layout.names, kind.layout.row_views(cols), strict=True
+                    ):
                         params[name].grad = view
 
 
