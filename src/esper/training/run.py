@@ -471,7 +471,7 @@ class _Saver:
     def _save(self, end: _RoundEnd) -> None:
         flush_error: BaseException | None = None
         try:
-            self.hub.flush(typed=False)  # durable (journalled) is all a resume needs
+            self.hub.flush()  # durable (fsynced) before the checkpoint points past it
         except BaseException as exc:  # still save: training state matters most
             flush_error = exc
         try:
