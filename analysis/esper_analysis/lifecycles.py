@@ -148,7 +148,7 @@ def _seed_table(run: Run, frames: dict[str, pl.LazyFrame], starts: pl.LazyFrame)
             "slot",
             "seed_id",
             nulls_last=True,
-        )  # fmt: skip
+        )
     )
 
 

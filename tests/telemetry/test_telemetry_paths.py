@@ -10,7 +10,7 @@ import pytest
 from esper.core.enums import TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.hub import open_run
-from esper.telemetry.paths import part_name, parse_part, resolve_run_dir, validate_run_id
+from esper.telemetry.paths import parse_part, part_name, resolve_run_dir, validate_run_id
 
 BAD_IDS = [
     "",

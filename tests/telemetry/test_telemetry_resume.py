@@ -9,10 +9,10 @@ import pytest
 from _telemetry_support import all_seqs, minimal_event, read_type
 
 from esper.core.enums import RunStatus, TelemetryLevel
+from esper.errors import UserError
 from esper.telemetry import events as ev
 from esper.telemetry.hub import open_run
 from esper.telemetry.manifest import read_manifest
-from esper.errors import UserError
 from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
 from esper.telemetry.sink import ParquetSink
 
@@ -116,8 +116,11 @@ def test_a_manifest_of_another_run_is_refused_before_anything_changes(tmp_path: 
     assert run_dir is not None
     path = manifest_path(run_dir, 0)
     path.write_text(path.read_text().replace('"run_id": "mine"', '"run_id": "theirs"'))
+
     def files() -> dict[Path, bytes]:  # the run's data (not its lock file's owner record)
-        return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".lock"}
+        return {
+            p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".lock"
+        }
 
     before = files()
     with pytest.raises(UserError, match="belongs to run 'theirs', not 'mine'"):

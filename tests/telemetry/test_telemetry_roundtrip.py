@@ -7,7 +7,6 @@ import math
 import tempfile
 from pathlib import Path
 
-import msgspec
 import pyarrow.parquet as pq
 from _telemetry_support import (
     as_row,
@@ -26,7 +25,6 @@ from esper.telemetry.arrow_schema import (
     META_EVENT_TYPE,
     META_SCHEMA_VERSION,
     event_schema,
-    events_to_table,
 )
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION, Event
 from esper.telemetry.hub import open_run

@@ -11,10 +11,10 @@ masquerades as "measured zero".
 from __future__ import annotations
 
 import math
+from typing import Final
 
 import msgspec
 
-from esper.telemetry.events import REWARD_COMPONENTS, PpoUpdate, RewardComputed
 from esper.core.enums import (
     AlphaMode,
     BlendOp,
@@ -25,6 +25,8 @@ from esper.core.enums import (
     RollbackReason,
     SeedStage,
 )
+from esper.telemetry.events import REWARD_COMPONENTS as REWARD_COMPONENTS
+from esper.telemetry.events import PpoUpdate, RewardComputed
 
 NAN = math.nan
 
@@ -162,7 +164,10 @@ def make_breakdown(**components: float) -> RewardBreakdown:
     total = 0.0
     for name in REWARD_COMPONENTS:
         total += components.get(name, 0.0)
-    return RewardComputed(**components, total=total)
+    return msgspec.structs.replace(_ZERO, **components, total=total)
+
+
+_ZERO: Final = RewardComputed()
 
 
 class RollbackRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -185,9 +185,9 @@ class _DemoRun:
         envs = [DemoEnv(self.hub, self.rng, rnd, env, CNN_BLUEPRINTS) for env in range(self.s.envs)]
         panics = {(0, self.s.steps // 2)} if rnd == ROLLBACK_ROUND else set()
         if self.s.rollback_p > 0:
-            for env in range(self.s.envs):
+            for i in range(self.s.envs):
                 if self.rng.random() < self.s.rollback_p:
-                    panics.add((env, self.rng.randrange(self.s.steps)))
+                    panics.add((i, self.rng.randrange(self.s.steps)))
         for step in range(self.s.steps):
             for env in envs:
                 env.step(step, panic=(env.env, step) in panics)

@@ -389,6 +389,7 @@ def open_run(
     resume: bool = False,
     sink: PartSink | None = None,
     world_size: int = 1,
+    replace: bool = False,
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
@@ -396,6 +397,8 @@ def open_run(
     checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
     ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
+    ``replace=True`` discards this rank's telemetry first (the trainer's restart of a
+    run that completed no round, :func:`esper.telemetry.resume.check_new_run_dir`).
 
     The run's writer lock (:mod:`esper.telemetry.lock`) is taken first and held until
     :meth:`TelemetryHub.close`: while another live process writes the run (rank), this
@@ -432,7 +435,7 @@ def open_run(
                 first_seq=start_seq,
                 world_size=world_size,
             )
-            prepare_new(run_dir, manifest)
+            prepare_new(run_dir, manifest, replace=replace)
         writer = EventWriter(
             run_dir,
             manifest=manifest,

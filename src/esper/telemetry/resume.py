@@ -25,7 +25,13 @@ from esper.telemetry.arrow_schema import event_schema
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
 from esper.telemetry.liveness import superseded
 from esper.telemetry.lock import RunLockedError, run_lock_owner
-from esper.telemetry.manifest import Manifest, ResumeRecord, read_manifest, write_manifest
+from esper.telemetry.manifest import (
+    Manifest,
+    ResumeRecord,
+    effective_status,
+    read_manifest,
+    write_manifest,
+)
 from esper.telemetry.paths import (
     TMP_PREFIX,
     TMP_SUFFIX,
@@ -38,12 +44,17 @@ from esper.telemetry.paths import (
 from esper.telemetry.sink import PartSink, fsync_files, read_verified
 
 
-def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
+def check_new_run_dir(
+    run_dir: Path, *, run_id: str, rank: int = 0, checkpoint: Path | None = None
+) -> bool:
     """Refuse, before any expensive work, a run directory a new run cannot use.
 
     Called by the trainer before it loads data, so a reused run id or an unwritable
     telemetry directory is reported in a second rather than after the dataset is read.
-    A run another live process writes is refused naming that process.
+    A run another live process writes is refused naming that process. Returns True
+    when the id holds a run that stopped before it completed a round (no ``checkpoint``
+    file, no finished episode, not finished): the new run replaces it, since nothing
+    complete is lost (``open_run(..., replace=True)``).
     """
     owner = run_lock_owner(run_dir, rank=rank)
     if owner is not None:
@@ -51,7 +62,62 @@ def check_new_run_dir(run_dir: Path, *, run_id: str, rank: int = 0) -> None:
             f"run {run_id!r} (rank {rank}) in {run_dir} is being written by {owner}; "
             "choose another run id"
         )
+    if checkpoint is not None and has_telemetry(run_dir, rank):
+        if not checkpoint.exists() and _never_completed(run_dir, rank):
+            return True
+        if checkpoint.exists():
+            raise UserError(
+                f"run {run_id!r} already has telemetry for rank {rank} in {run_dir}; choose "
+                f"another run id (--run-id), or continue it with --resume {checkpoint} "
+                "--continue-run"
+            )
     _check_unused(run_dir, run_id=run_id, rank=rank)
+    return False
+
+
+def _never_completed(run_dir: Path, rank: int) -> bool:
+    """Whether the rank's telemetry shows a run that completed no round and did not
+    finish (its manifest readable)."""
+    try:
+        manifest = read_manifest(manifest_path(run_dir, rank))
+    except (OSError, ValueError):
+        return False
+    return (
+        effective_status(manifest) is not RunStatus.FINISHED
+        and manifest.counts.get("episode_finished", 0) == 0
+    )
+
+
+def check_resumable(run_dir: Path, *, run_id: str, rank: int) -> RunStatus:
+    """The status of the run a resume would continue, or a :class:`UserError` saying why
+    it cannot be (no manifest, another schema version, another run's manifest, a live
+    writer); nothing is changed."""
+    manifest = _resumable_manifest(run_dir, run_id=run_id, rank=rank)
+    owner = run_lock_owner(run_dir, rank=rank)
+    if owner is not None:
+        raise RunLockedError(
+            f"run {run_id!r} (rank {rank}) in {run_dir} is being written by {owner}; wait "
+            "for it to finish or stop it first"
+        )
+    return effective_status(manifest)
+
+
+def _resumable_manifest(run_dir: Path, *, run_id: str, rank: int) -> Manifest:
+    path = manifest_path(run_dir, rank)
+    if not path.is_file():
+        raise UserError(f"cannot resume: no telemetry manifest at {path}")
+    manifest = read_manifest(path)
+    if manifest.schema_version != SCHEMA_VERSION:
+        raise UserError(
+            f"cannot resume {run_dir}: it was written with telemetry schema "
+            f"v{manifest.schema_version}, this build writes v{SCHEMA_VERSION}"
+        )
+    if manifest.run_id != run_id:
+        raise UserError(
+            f"cannot resume {run_dir}: its manifest {path.name} belongs to run "
+            f"{manifest.run_id!r}, not {run_id!r} (the checkpoint's run); nothing was changed"
+        )
+    return manifest
 
 
 def has_telemetry(run_dir: Path, rank: int) -> bool:
@@ -65,9 +131,8 @@ def _check_unused(run_dir: Path, *, run_id: str, rank: int) -> None:
     """No telemetry of this rank yet, and the directory can be created."""
     if has_telemetry(run_dir, rank):
         raise UserError(
-            f"run {run_id!r} already has telemetry for rank {rank} in "
-            f"{run_dir}; choose another --run-id, or continue it with --resume CHECKPOINT "
-            "--continue-run"
+            f"run {run_id!r} already has telemetry for rank {rank} in {run_dir}; choose "
+            "another run id (--run-id)"
         )
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # "/" exists
     if not existing.is_dir():
@@ -107,21 +172,12 @@ def prepare_resume(
     config_hash: str,
     sink: PartSink,
 ) -> Manifest:
-    """Load the run's manifest, settle what a crash left, cut at ``start_seq``, merge."""
+    """Load the run's manifest, settle what a crash left, cut at ``start_seq``, merge.
+
+    The caller holds the run's writer lock (:func:`esper.telemetry.hub.open_run`).
+    """
     path = manifest_path(run_dir, rank)
-    if not path.is_file():
-        raise UserError(f"cannot resume: no telemetry manifest at {path}")
-    manifest = read_manifest(path)
-    if manifest.schema_version != SCHEMA_VERSION:
-        raise UserError(
-            f"cannot resume {run_dir}: it was written with telemetry schema "
-            f"v{manifest.schema_version}, this build writes v{SCHEMA_VERSION}"
-        )
-    if manifest.run_id != run_id:
-        raise UserError(
-            f"cannot resume {run_dir}: its manifest {path.name} belongs to run "
-            f"{manifest.run_id!r}, not {run_id!r} (the checkpoint's run); nothing was changed"
-        )
+    manifest = _resumable_manifest(run_dir, run_id=run_id, rank=rank)
     # Owned by this process from here on: a crash while the tail is cut (its counts
     # are stale until it is done) reads as a crashed run, not as a closed one.
     manifest.status = RunStatus.RUNNING.value
@@ -179,10 +235,10 @@ def _resume_type(directory: Path, tag: str, start_seq: int, sink: PartSink) -> t
         rest = table.filter(pc.less(table.column("seq"), start_seq))
         cut += table.num_rows - rest.num_rows
         if rest.num_rows:
-            last = int(pc.max(rest.column("seq")).as_py())
-            output = directory / part_name(part.first, last)
+            end = int(pc.max(rest.column("seq")).as_py())
+            output = directory / part_name(part.first, end)
             sink.write_merged([rest], schema, output)
-            kept.append(Part(output, part.first, last))
+            kept.append(Part(output, part.first, end))
         sink.remove(part.path)
     if len(kept) > 1 or (kept and not _is_merged(kept[0].path)):
         first, last = kept[0].first, kept[-1].last
@@ -200,4 +256,4 @@ def _resume_type(directory: Path, tag: str, start_seq: int, sink: PartSink) -> t
 def _is_merged(path: Path) -> bool:
     """Whether a file is a merged one (zstd), not a flush's part."""
     meta = pq.read_metadata(path)
-    return meta.num_row_groups > 0 and meta.row_group(0).column(0).compression == "ZSTD"
+    return meta.num_row_groups > 0 and str(meta.row_group(0).column(0).compression) == "ZSTD"

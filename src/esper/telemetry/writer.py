@@ -327,7 +327,9 @@ class EventWriter:
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="esper-close") as pool:
                 try:
-                    jobs = [(files, pool.submit(self._timed_merge, tag, files)) for tag, files in due]
+                    jobs = [
+                        (files, pool.submit(self._timed_merge, tag, files)) for tag, files in due
+                    ]
                 except RuntimeError:  # the interpreter is exiting (a hub closed at exit)
                     jobs = []  # (it refuses the first job already: none runs twice)
                 for files, job in jobs:
