@@ -92,7 +92,7 @@ def run_demo(
         flush_interval_s=settings.flush_interval_s,
     )
     with hub:
-        _DemoRun(hub, settings).run(started)
+        emit_demo(hub, settings, started)
     counts: dict[str, int] = {}
     for manifest in read_manifests(run_dir) if run_dir.exists() else []:
         for tag, n in manifest.counts.items():
@@ -100,6 +100,12 @@ def run_demo(
     return DemoResult(
         run_dir=run_dir, counts=dict(sorted(counts.items())), events_emitted=hub.events_emitted
     )
+
+
+def emit_demo(hub: Hub, settings: DemoSettings, started: float | None = None) -> None:
+    """Emit the synthetic run into an open hub (the caller closes it); ``started``: the
+    ``perf_counter`` its wall time counts from (default: now)."""
+    _DemoRun(hub, settings).run(time.perf_counter() if started is None else started)
 
 
 class _DemoRun:
