@@ -96,7 +96,7 @@ def test_writer_on_the_demo_stream(tmp_path: Path) -> None:
     assert r["events"] >= 20_000 and positive(r["close_s"]) and positive(r["bytes_per_event"])
     assert positive(r["writer_cpu_us_per_event"]) and r["flushes"] >= 1
     # A closed run is one file per event type (the demo writes most of the catalogue).
-    assert 10 <= r["files_after_close"] <= min(22, r["files_at_close"])
+    assert 10 <= r["files_after_close"] <= 22
 
 
 def test_analysis_against_scan(tmp_path: Path) -> None:
@@ -174,11 +174,3 @@ def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> 
             assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
         assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
         assert 0.0 <= r["structure_batched_share"] <= 1.0
-
-
-def test_conversion_variants(tmp_path: Path) -> None:
-    data = run_script("convert", tmp_path)
-    v = data["variants"]
-    assert set(v) == {"pyarrow", "native, GIL held", "native, GIL released"}
-    for r in v.values():
-        assert positive(r["ns_per_event"]) and len(r["samples_ns_per_event"]) == 1

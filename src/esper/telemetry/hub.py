@@ -414,27 +414,15 @@ def open_run(
     try:
         if resume:
             manifest = prepare_resume(
-                run_dir,
-                run_id=run_id,
-                rank=rank,
-                start_seq=start_seq,
-                level=_level_name(level),
-                flush_interval_s=flush_interval_s,
-                config_hash=config_hash,
-                sink=sink,
-            )
+                run_dir, run_id=run_id, rank=rank, start_seq=start_seq, level=_level_name(level),
+                flush_interval_s=flush_interval_s, config_hash=config_hash, sink=sink,
+            )  # fmt: skip
         else:
             manifest = new_manifest(
-                run_id=run_id,
-                rank=rank,
-                schema_version=SCHEMA_VERSION,
-                config_hash=config_hash,
-                parent_run_id=parent_run_id,
-                level=_level_name(level),
-                flush_interval_s=flush_interval_s,
-                first_seq=start_seq,
-                world_size=world_size,
-            )
+                run_id=run_id, rank=rank, schema_version=SCHEMA_VERSION, config_hash=config_hash,
+                parent_run_id=parent_run_id, level=_level_name(level),
+                flush_interval_s=flush_interval_s, first_seq=start_seq, world_size=world_size,
+            )  # fmt: skip
             prepare_new(run_dir, manifest, replace=replace)
         writer = EventWriter(
             run_dir,
