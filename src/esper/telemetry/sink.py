@@ -36,12 +36,15 @@ import pyarrow.parquet as pq
 from esper.telemetry.events import ENVELOPE_FIELDS
 from esper.telemetry.paths import tmp_path_for
 
-#: Options of a part (one flush, one type): see the module docstring.
+#: Options of a part (one flush, one type): see the module docstring. A part's Parquet
+#: schema says all a reader needs (the Arrow schema and the file metadata are on the
+#: merged files, which the manifest's schema version describes as well).
 PART_OPTIONS: Final[dict[str, Any]] = {
     "compression": "none",
     "use_dictionary": False,
     "write_statistics": False,
     "write_page_checksum": True,
+    "store_schema": False,
 }
 #: zstd level of merged files: zstd's own default, smaller than Arrow's level 1 at no
 #: measurable extra cost.
@@ -179,15 +182,19 @@ def read_verified(path: Path, schema: pa.Schema | None = None) -> Iterator[pa.Ta
             yield table if schema is None else table.cast(schema)
 
 
-#: Directory levels above a file that are fsynced with it: ``rank=<r>``, ``type=<t>``
-#: and ``events`` (a new part's directories may be new too).
-SYNCED_LEVELS: Final = 3
+#: Directory levels above a new directory that are fsynced with it (``rank=<r>``:
+#: ``type=<t>`` and ``events``).
+SYNCED_LEVELS: Final = 2
 
 
 def fsync_files(paths: Iterable[Path]) -> None:
-    """fsync each file that still exists, then the directories above them."""
+    """fsync each file that still exists, then the directories holding them; a directory
+    in ``paths`` (a new one) is fsynced with the :data:`SYNCED_LEVELS` above it."""
     directories: set[Path] = set()
     for path in paths:
+        if path.is_dir():
+            directories.update((path, *path.parents[:SYNCED_LEVELS]))
+            continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # merged away since it was written
@@ -196,7 +203,7 @@ def fsync_files(paths: Iterable[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        directories.update(path.parents[:SYNCED_LEVELS])
+        directories.add(path.parent)
     for directory in directories:
         fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
         try:

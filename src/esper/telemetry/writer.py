@@ -1,15 +1,18 @@
 """The background writer: drains the hub's buffer into typed Parquet parts.
 
-Durability. The writer thread wakes every :data:`WAKE_FRACTION` of the flush interval
-(default 1 s), takes the events buffered so far and writes them, one part per event
-type (``events/type=<t>/rank=<r>/part-<first seq>-<last seq>.parquet``, written under a
-dot tmp name and renamed into place), then rewrites the manifest (counts, ``last_seq``,
-heartbeat). Every event emitted more than one interval ago is therefore in a closed
-file that any Parquet reader sees: a ``kill -9`` loses at most the last interval. An
-idle writer writes nothing but a heartbeat every :data:`HEARTBEAT_S`. An explicit
-:meth:`EventWriter.flush` (the trainer's, before each checkpoint) writes at once and
-fsyncs what was written since the last one (:func:`esper.telemetry.sink.fsync_files`),
-so a checkpoint never points past events durable on disk.
+Durability. The writer thread wakes once per flush interval (default 1 s; a little
+early, :func:`wake_period`, so that the write itself lands within the interval), takes
+the events buffered so far and writes them, one part per event type
+(``events/type=<t>/rank=<r>/part-<first seq>-<last seq>.parquet``, written under a dot
+tmp name and renamed into place). Every event emitted more than one interval ago is
+therefore in a closed file that any Parquet reader sees: a ``kill -9`` loses at most
+the last interval. The manifest (counts, ``last_seq``, heartbeat) is rewritten every
+:data:`MANIFEST_EVERY_S`, and at each flush and the close; readers expect parts to hold
+events newer than the manifest's ``last_seq`` in a run that did not close. An idle
+writer writes nothing else. An explicit :meth:`EventWriter.flush` (the trainer's,
+before each checkpoint) writes at once and fsyncs what was written since the last one
+(:func:`esper.telemetry.sink.fsync_files`), so a checkpoint never points past events
+durable on disk.
 
 Bounded file count. A flush's parts are merged as the run goes, like a binary counter
 with :data:`MERGE_FANIN` digits: once a type has that many files of one level, they
@@ -53,13 +56,16 @@ from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import manifest_path, part_name, type_rank_dir
 from esper.telemetry.sink import PartSink, fsync_files, read_verified
 
-#: The writer wakes this fraction of a flush interval after its last wake, so a write
-#: that takes up to the rest of the interval still lands within it.
-WAKE_FRACTION: Final = 0.8
-#: An idle writer rewrites the manifest (its heartbeat) this often.
-HEARTBEAT_S: Final = 2.0
+#: The writer wakes this much before a flush interval has passed since its last wake
+#: (at most :data:`MAX_MARGIN_FRACTION` of the interval), so a write that takes up to
+#: the margin still lands within the interval.
+WAKE_MARGIN_S: Final = 0.1
+MAX_MARGIN_FRACTION: Final = 0.2
+#: The manifest (its counts and heartbeat) is rewritten this often, besides at each
+#: flush and the close. Readers call a ``running`` manifest stale after 5 s at least.
+MANIFEST_EVERY_S: Final = 2.0
 #: Files of one level (per type) merged into one file of the next level.
-MERGE_FANIN: Final = 16
+MERGE_FANIN: Final = 32
 #: Level of the files a run already had when this writer started (a resumed run's:
 #: one merged file per type), which only the close merges again.
 KEPT_LEVEL: Final = 1_000
@@ -80,6 +86,11 @@ def writer_stats_event(c: WriterCounters) -> WriterStats:
         blocked_emits=c.blocked_emits,
         dropped=c.dropped,
     )
+
+
+def wake_period(flush_interval_s: float) -> float:
+    """Seconds between the writer's wakes (see :data:`WAKE_MARGIN_S`)."""
+    return flush_interval_s - min(WAKE_MARGIN_S, flush_interval_s * MAX_MARGIN_FRACTION)
 
 
 def merge_start(levels: Sequence[int]) -> int | None:
@@ -208,7 +219,6 @@ class EventWriter:
             cpu_start = time.thread_time_ns()
             try:
                 self._merge_all()
-                fsync_files(self._unsynced)
             except Exception as exc:
                 self._fail(exc)
             self.counters.cpu_ns += time.thread_time_ns() - cpu_start
@@ -216,7 +226,8 @@ class EventWriter:
         self.manifest.error = error or (str(self.error) if self.error else "")
         self.manifest.finished_ns = time.time_ns()
         try:
-            self.save_manifest(sync=True)
+            self.save_manifest()
+            fsync_files([*self._unsynced, self._manifest_path])
         except Exception as exc:
             if self.error is None:
                 self._fail(exc)
@@ -228,7 +239,7 @@ class EventWriter:
     # --- writer thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        period = self.flush_interval_s * WAKE_FRACTION
+        period = wake_period(self.flush_interval_s)
         deadline = time.monotonic() + period
         while True:
             with self.lock:
@@ -246,11 +257,11 @@ class EventWriter:
             try:
                 self._write_batch(batch)
                 sync = target > self._done
+                if sync or time.monotonic() - self._saved_at >= MANIFEST_EVERY_S:
+                    self.save_manifest()
                 if sync:
-                    fsync_files(self._unsynced)
+                    fsync_files([*self._unsynced, self._manifest_path])
                     self._unsynced = []
-                if batch or sync or time.monotonic() - self._saved_at >= HEARTBEAT_S:
-                    self.save_manifest(sync=sync)
                 self.counters.cpu_ns += time.thread_time_ns() - cpu_start
             except BaseException as exc:
                 self._fail(exc)
@@ -285,6 +296,8 @@ class EventWriter:
             self._unsynced.append(path)
             self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
             files = self._files[tag]
+            if not files:  # a new type directory: its entry must be made durable too
+                self._unsynced.append(path.parent)
             files.append(_File(path, first, last, 0, table))
             while (start := merge_start([f.level for f in files])) is not None:
                 self._merge(tag, files, start)
@@ -350,12 +363,10 @@ class EventWriter:
         merged = self._merged_file(tag, files, KEPT_LEVEL)
         return merged, time.thread_time_ns() - start
 
-    def save_manifest(self, *, sync: bool = False) -> None:
+    def save_manifest(self) -> None:
         self._io_path = self._manifest_path
         self.manifest.heartbeat_ns = time.time_ns()
         write_manifest(self._manifest_path, self.manifest)
-        if sync:
-            fsync_files([self._manifest_path])
         self._saved_at = time.monotonic()
 
     def _fail(self, exc: BaseException) -> None:
