@@ -284,7 +284,7 @@ class TelemetryHub(StampingHub):
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
-            writer.flush()
+            writer.flush(sync=False)  # the close's own fsync covers it
             stats = writer_stats_event(writer.counters)  # recorded whatever the level
             with self._lock:
                 if len(self._buf) >= self._capacity:

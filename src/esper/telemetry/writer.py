@@ -14,14 +14,15 @@ before each checkpoint) writes at once and fsyncs what was written since the las
 (:func:`esper.telemetry.sink.fsync_files`), so a checkpoint never points past events
 durable on disk.
 
-Bounded file count. A flush's parts are merged as the run goes, like a binary counter
+Bounded file count. A flush's parts are merged as the run goes, like a counter
 with :data:`MERGE_FANIN` digits: once a type has that many files of one level, they
 are merged into one file of the next level (zstd; level-0 parts from the tables the
 writer still holds, higher levels read back with their checksums verified). A type
 then has at most ``(MERGE_FANIN - 1)`` files per level, and the levels grow with the
-logarithm of the flushes: a 24-hour run at the default interval keeps under ~60 files
-per type. A merge renames its output into place, then deletes its inputs; a crash in
-between is settled by the superseded-part rule (:mod:`esper.telemetry.liveness`).
+logarithm of the writes: a 24-hour run at the default interval keeps under ~100 files
+per type (about 2,100 for the whole catalogue). A merge renames its output into place,
+then deletes its inputs; a crash in between is settled by the superseded-part rule
+(:mod:`esper.telemetry.liveness`).
 :meth:`EventWriter.finalize` (the close) merges each type into one file, on every core.
 
 Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
@@ -146,7 +147,8 @@ class EventWriter:
         self._wake = threading.Condition(self.lock)
         self._room = threading.Condition(self.lock)
         self._flushed = threading.Condition(self.lock)
-        self._requested = 0  # flush generations asked for, and done
+        self._requested = 0  # flush generations asked for (and with an fsync), and done
+        self._sync_requested = 0
         self._done = 0
         self._stopping = False
         self._manifest_path = manifest_path(run_dir, self.rank)
@@ -185,15 +187,17 @@ class EventWriter:
         if self.error is not None:
             raise self.error
 
-    def flush(self) -> None:
+    def flush(self, *, sync: bool = True) -> None:
         """Return once every event buffered before the call is in a closed part, and
-        fsynced with the manifest (see the module docstring)."""
+        (``sync``) fsynced with the manifest (see the module docstring)."""
         with self.lock:
             self.raise_if_failed()
             if not self._thread.is_alive():
                 raise TelemetryWriteError("telemetry writer is closed; cannot flush")
             self._requested += 1
             target = self._requested
+            if sync:
+                self._sync_requested = target
             self._wake.notify()
             while self._done < target and self.error is None:
                 if not self._thread.is_alive():
@@ -250,13 +254,13 @@ class EventWriter:
                     self._wake.wait(remaining)
                 batch = self._take_buffered()
                 target, stopping = self._requested, self._stopping
+                sync = self._sync_requested > self._done
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
                 self._room.notify_all()
             deadline = time.monotonic() + period
             cpu_start = time.thread_time_ns()
             try:
                 self._write_batch(batch)
-                sync = target > self._done
                 if sync or time.monotonic() - self._saved_at >= MANIFEST_EVERY_S:
                     self.save_manifest()
                 if sync:
