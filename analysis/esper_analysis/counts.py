@@ -63,7 +63,7 @@ def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
     return {t: dict(zip(keys, events, strict=True)) for t, keys, events in grouped.iter_rows()}
 
 
-def _breakdown(frame: pl.DataFrame, event_type: str, dim: str) -> pl.DataFrame:
+def _breakdown(frame: pl.DataFrame, event_type: str, dim: str) -> pl.LazyFrame:
     """``(type, value, events)`` of one column, nulls left out, sorted by value."""
     return (
         frame.lazy()
@@ -72,7 +72,6 @@ def _breakdown(frame: pl.DataFrame, event_type: str, dim: str) -> pl.DataFrame:
         .agg(events=pl.len().cast(pl.Int64))
         .select(type=pl.lit(event_type), **{dim: pl.col(dim)}, events=pl.col("events"))
         .sort(dim)
-        .collect()
     )
 
 
@@ -106,8 +105,9 @@ def event_counts(run: Run) -> Counts:
         frame = run.scan(event_type).select(DIMENSIONS).collect()
         if frame.height:
             total_of[event_type] = frame.height
-        for dim in DIMENSIONS:
-            tables[dim].append(_breakdown(frame, event_type, dim))
+        counted = pl.collect_all([_breakdown(frame, event_type, dim) for dim in DIMENSIONS])
+        for dim, table in zip(DIMENSIONS, counted, strict=True):
+            tables[dim].append(table)
     env_steps = _env_steps(run, total_of)
     manifest = _manifest_counts(run)
     rows = [

@@ -2,9 +2,10 @@
 
 Four layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
 columns do not have the catalogue's types for its event type (the loader then treats
-it like an unreadable file); :func:`verify_pages` reads every page with pyarrow's own
-checksum verification (files written before page checksums are decoded only), so
-random bytes in a part are an error rather than silently different numbers;
+it like an unreadable file); scans read every page with pyarrow's own checksum
+verification (:mod:`esper_analysis.parts`; :func:`verify_pages` reads a whole file so,
+to name the damaged one), so random bytes in a part are an error rather than silently
+different numbers;
 :func:`esper_analysis.manifest_check.check_run_integrity` compares the files with
 the manifest (``run_id``, per-type counts); :func:`corrupt_data_errors` turns a scan
 that fails on damaged data pages into :class:`CorruptFileError` naming the file.
@@ -150,7 +151,7 @@ def corrupt_data_errors(run: Run) -> Iterator[None]:
     """
     try:
         yield
-    except pl.exceptions.PolarsError as exc:
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as exc:
         bad = run.find_corrupt_files()
         if not bad:
             raise

@@ -19,7 +19,11 @@ from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
 
 SEED_KEY: Final = ["run_id", "rank", "round", "env", "slot", "seed_id"]
-EPISODE_KEY: Final = ["run_id", "rank", "round", "env"]
+#: The seed key the events are joined on: ``run_id`` is one per run.
+KEY: Final = SEED_KEY[1:]
+EPISODE_KEY: Final = ["rank", "round", "env"]
+#: Each seed's number (its row in the table of distinct keys).
+SEED: Final = "_seed"
 #: Stages a seed lives through before its end, in order (durations are reported for them).
 LIVE_STAGES: Final = (
     SeedStage.GERMINATED.value,
@@ -29,7 +33,7 @@ LIVE_STAGES: Final = (
 )
 #: Stages drawn on the timeline (live stages plus the permanent one).
 TIMELINE_STAGES: Final = (*LIVE_STAGES, SeedStage.FOSSILIZED.value)
-#: The columns read per seed event type (besides :data:`SEED_KEY`).
+#: The columns read per seed event type (besides :data:`KEY`).
 COLUMNS: Final = {
     "seed_germinated": ("seq", "step", "blueprint", "params"),
     "seed_stage_changed": ("seq", "step", "from_stage", "to_stage", "epochs_in_prev_stage"),
@@ -74,15 +78,13 @@ class Lifecycles(AnalysisResult):
     alive: int
 
 
-def _join(left: pl.LazyFrame, right: pl.LazyFrame, on: list[str]) -> pl.LazyFrame:
-    return left.join(right, on=on, how="left", nulls_equal=True)
-
-
-def _seed_table(run: Run, frames: dict[str, pl.LazyFrame], starts: pl.LazyFrame) -> pl.LazyFrame:
-    """One row per seed named by any seed event: its events joined on the seed key."""
-    keys = pl.concat([f.select(SEED_KEY) for f in frames.values()]).unique()
+def _seed_table(
+    run: Run, ids: pl.LazyFrame, frames: dict[str, pl.LazyFrame], starts: pl.LazyFrame
+) -> pl.LazyFrame:
+    """One row per seed named by any seed event (``ids``): its events joined on the
+    seed's number."""
     changes = starts.filter(pl.col("from_stage").is_not_null())
-    durations = changes.group_by(SEED_KEY).agg(  # rows keep their (seed, seq) order
+    durations = changes.group_by(SEED).agg(  # rows keep their (seed, seq) order
         *(
             pl.col("epochs_in_prev_stage")
             .filter(pl.col("from_stage") == stage)
@@ -93,22 +95,18 @@ def _seed_table(run: Run, frames: dict[str, pl.LazyFrame], starts: pl.LazyFrame)
         last_stage=pl.col("stage").last(),
         last_change_step=pl.col("step").last(),
     )
-    germ = frames["seed_germinated"].select(
-        *SEED_KEY, "blueprint", "params", germinated_step="step"
-    )
+    germ = frames["seed_germinated"].select(SEED, "blueprint", "params", germinated_step="step")
     fossil = frames["seed_fossilized"].select(
-        *SEED_KEY, fossil_step="step", fossil_contribution="contribution"
+        SEED, fossil_step="step", fossil_contribution="contribution"
     )
     pruned = frames["seed_pruned"].select(
-        *SEED_KEY, "reason", "initiator", "stage_at_prune", prune_step="step",
+        SEED, "reason", "initiator", "stage_at_prune", prune_step="step",
         prune_contribution="contribution",
     )  # fmt: skip
     episodes = run.scan("episode_finished").select(*EPISODE_KEY, episode_end_step="step")
-    joined = _join(
-        _join(_join(_join(keys, germ, SEED_KEY), durations, SEED_KEY), fossil, SEED_KEY),
-        pruned,
-        SEED_KEY,
-    )
+    joined = ids
+    for right in (germ, durations, fossil, pruned):
+        joined = joined.join(right, on=SEED, how="left")
     joined = joined.join(episodes, on=EPISODE_KEY, how="left")
     outcome = (
         pl.when(pl.col("fossil_step").is_not_null())
@@ -137,18 +135,9 @@ def _seed_table(run: Run, frames: dict[str, pl.LazyFrame], starts: pl.LazyFrame)
             .otherwise(current),
         )
         .with_columns(lifetime_epochs=pl.col("ended_step") - pl.col("germinated_step"))
-        .select(*SEED_KEY, *SEED_COLUMNS)
+        .select(SEED, *KEY, *SEED_COLUMNS)
         # seed_id last: every tie broken, so the table's row order is deterministic
-        .sort(
-            "run_id",
-            "rank",
-            "round",
-            "env",
-            "germinated_step",
-            "slot",
-            "seed_id",
-            nulls_last=True,
-        )
+        .sort("rank", "round", "env", "germinated_step", "slot", "seed_id", nulls_last=True)
     )
 
 
@@ -171,17 +160,18 @@ SEED_COLUMNS: Final = (
 
 def _segments(starts: pl.LazyFrame, seeds: pl.LazyFrame) -> pl.LazyFrame:
     """Timeline pieces ``(seed, stage, start_step, end_step)`` of live and fossilized
-    stages: a piece ends where the seed's next transition happens, the last one (fossil,
-    or alive at the end) at the episode's end. Sorted by run, rank, round, env, start
-    step and ``seq`` (a total order)."""
-    ends = seeds.select(*SEED_KEY, "episode_end_step", "ended_step")
+    stages: a piece ends where the seed's next transition happens (``starts`` is sorted
+    by seed, then ``seq``), the last one (fossil, or alive at the end) at the episode's
+    end. Sorted by rank, round, env, start step and ``seq`` (a total order)."""
+    same_seed = pl.col(SEED) == pl.col(SEED).shift(-1)
+    ends = seeds.select(SEED, *KEY, "episode_end_step", "ended_step")
     return (
-        starts.with_columns(next_step=pl.col("step").shift(-1).over(SEED_KEY))
+        starts.with_columns(next_step=pl.when(same_seed).then(pl.col("step").shift(-1)))
         .filter(pl.col("stage").is_in(TIMELINE_STAGES))
-        .join(ends, on=SEED_KEY, how="left", nulls_equal=True)
-        .sort("run_id", "rank", "round", "env", "step", "seq")
+        .join(ends, on=SEED, how="left")
+        .sort("rank", "round", "env", "step", "seq", nulls_last=True)
         .select(
-            *SEED_KEY,
+            *KEY,
             "stage",
             start_step="step",
             end_step=pl.coalesce("next_step", "episode_end_step", "ended_step", "step"),
@@ -225,29 +215,47 @@ _BY_BLUEPRINT_SCHEMA: Final = {
 }
 
 
+def _run_id(run: Run) -> str:
+    """The ``run_id`` of the run's seed events: one per run (the loader refuses files of
+    another run), so it is no part of the keys the events are joined on."""
+    for event_type in COLUMNS:
+        if run.rows_on_disk(event_type):
+            value = run.scan(event_type).select("run_id").head(1).collect().item()
+            return str(value)
+    return run.run_id
+
+
 def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
-    read = pl.collect_all([run.scan(t).select(*SEED_KEY, *cols) for t, cols in COLUMNS.items()])
-    frames = {t: frame.lazy() for t, frame in zip(COLUMNS, read, strict=True)}
+    read = pl.collect_all([run.scan(t).select(*KEY, *cols) for t, cols in COLUMNS.items()])
+    # Every seed numbered once; the events then carry its number, not the key's strings.
+    ids = pl.concat([f.select(KEY) for f in read]).unique().with_row_index(SEED).lazy()
+    frames = {
+        t: f.lazy().join(ids, on=KEY, how="left", nulls_equal=True).drop(KEY)
+        for t, f in zip(COLUMNS, read, strict=True)
+    }
     starts = pl.concat(
         [
             frames["seed_germinated"].select(
-                *SEED_KEY, "seq", "step", stage=pl.lit(SeedStage.GERMINATED.value)
+                SEED, "seq", "step", stage=pl.lit(SeedStage.GERMINATED.value)
             ),
             frames["seed_stage_changed"].select(
-                *SEED_KEY, "seq", "step", "from_stage", "epochs_in_prev_stage", stage="to_stage"
+                SEED, "seq", "step", "from_stage", "epochs_in_prev_stage", stage="to_stage"
             ),
         ],
         how="diagonal",
-    ).sort(*SEED_KEY, "seq")
-    seed_plan = _seed_table(run, frames, starts)
+    ).sort(SEED, "seq")
+    seed_plan = _seed_table(run, ids, frames, starts)
     seeds, segments = pl.collect_all([seed_plan, _segments(starts, seed_plan)])
+    run_id = pl.lit(_run_id(run), dtype=pl.String).alias("run_id")
+    seeds = seeds.select(run_id, *KEY, *SEED_COLUMNS)
+    segments = segments.select(run_id, pl.all())
     outcomes = dict(seeds["outcome"].value_counts().iter_rows())
     return Lifecycles(
         seeds=seeds,
-        by_blueprint=_by_blueprint(seeds)
-        if seeds.height
-        else pl.DataFrame(schema=_BY_BLUEPRINT_SCHEMA),
+        by_blueprint=(
+            _by_blueprint(seeds) if seeds.height else pl.DataFrame(schema=_BY_BLUEPRINT_SCHEMA)
+        ),
         segments=segments,
         germinated=seeds.height,
         fossilized=int(outcomes.get("fossilized", 0)),

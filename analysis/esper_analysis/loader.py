@@ -5,14 +5,15 @@ A run directory is ``<run_id>/manifest.json`` plus
 also read). Only Parquet *footers* are
 read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
 
-Corrupt files: every page is read once at load time with pyarrow's page checksum
-verification (:func:`~esper_analysis.integrity.verify_pages`; files written before page
-checksums are decoded only). In a run whose writer closed cleanly (manifest status
-finished, failed or interrupted) an unreadable Parquet file is an error that names the
-file, because silently analysing part of a finished run would give wrong answers. In a
-run whose manifest still says ``running`` (killed, or still live) unreadable files are
-skipped with a warning and listed in :attr:`Run.recovery`, because reading what a crash
-left is the point there.
+Corrupt files: every footer is read at load time; every page a scan reads is read with
+pyarrow's page checksum verification (:mod:`esper_analysis.parts`; files written
+before page checksums are decoded only), and a damaged page is an error naming the file
+(:func:`~esper_analysis.integrity.corrupt_data_errors`). In a run whose writer closed
+cleanly (manifest status finished, failed or interrupted) an unreadable Parquet file is
+an error that names the file, because silently analysing part of a finished run would
+give wrong answers. In a run whose manifest still says ``running`` (killed, or still
+live) unreadable files are skipped with a warning and listed in :attr:`Run.recovery`,
+because reading what a crash left is the point there.
 
 Foreign or missing events: the files are checked against the manifest (``run_id`` of
 every file, per-type counts; :mod:`esper_analysis.manifest_check`): an error for a
@@ -32,7 +33,6 @@ import os
 import re
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -68,9 +68,6 @@ _RANK_DIR = re.compile(r"^rank=(\d+)$")
 #: Parquet key-value metadata key of the schema version (written by the telemetry writer).
 SCHEMA_VERSION_KEY: Final = b"esper.schema_version"
 _CLOSED_STATUSES: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
-_CAST: Final = pl.ScanCastOptions(
-    integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
-)
 _DEDUP_KEY: Final = ("rank", "seq")
 _INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
 _KNOWN_TYPES: Final = frozenset(known_event_types())
@@ -87,6 +84,8 @@ class Run:
     unknown_types: list[str] = field(default_factory=list)
     #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
     degraded: list[str] = field(default_factory=list)
+    #: Whether scans verify the page checksums of what they read.
+    verify: bool = True
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -136,26 +135,12 @@ class Run:
         return False
 
     def scan(self, event_type: str) -> pl.LazyFrame:
-        """All ranks of one event type, typed by the current catalogue (empty if none)."""
-        schema = event_schema(event_type)
-        files = self.files.get(event_type, [])
+        """All ranks of one event type, typed by the current catalogue (empty if none);
+        its reads verify every page they touch (unless the run was loaded without)."""
+        files = sorted(self.files.get(event_type, []), key=lambda f: f.rank)  # stable
         if not files:
             return empty_frame(event_type)
-        by_rank: dict[int, list[PartFile]] = {}
-        for f in files:
-            by_rank.setdefault(f.rank, []).append(f)
-        frames = [
-            scan_parts(
-                parts,
-                schema=schema,
-                hive_partitioning=False,
-                missing_columns="insert",
-                extra_columns="ignore",
-                cast_options=_CAST,
-            ).with_columns(pl.col("rank").fill_null(rank))
-            for rank, parts in sorted(by_rank.items())
-        ]
-        lf = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+        lf = scan_parts(files, event_schema(event_type), verify=self.verify)
         if self.needs_dedup(event_type):
             lf = lf.unique(subset=list(_DEDUP_KEY), keep="first", maintain_order=True)
         return lf
@@ -277,12 +262,10 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
+def _describe(path: Path, event_type: str, rank: int) -> PartFile:
     meta = pq.read_metadata(path)
     if event_type in _KNOWN_TYPES:
         check_columns(meta, event_type)
-    if verify:
-        verify_pages(path, meta)
     part = parse_part(path)
     lo, hi = (part.first, part.last) if part and part.first is not None else _seq_range(meta)
     return PartFile(
@@ -294,6 +277,7 @@ def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
         seq_min=lo,
         seq_max=hi,
         run_id=footer_run_id(meta),
+        columns=tuple(meta.schema.to_arrow_schema().names),
     )
 
 
@@ -322,34 +306,11 @@ def _check_version(version: int | None, where: Path) -> None:
 _Discovered = tuple[dict[str, list[PartFile]], list[SkippedFile], list[str]]
 
 
-#: What describing one part file can raise that makes the file unreadable or damaged.
-_UNREADABLE = (DamagedPagesError, OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
+#: What describing one part file can raise that makes the file unreadable or foreign.
+_UNREADABLE = (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
 
 
-def _describe_all(
-    items: list[tuple[str, int, Path]], verify: bool
-) -> list[PartFile | BaseException]:
-    """``_describe`` of every file, in order; a file's error is returned, not raised.
-
-    Files are read and checksummed on a thread pool: reading and the CRC32 release
-    the GIL, so page verification of a large run runs on every core.
-    """
-
-    def one(item: tuple[str, int, Path]) -> PartFile | BaseException:
-        event_type, rank, path = item
-        try:
-            return _describe(path, event_type, rank, verify)
-        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
-            return exc
-
-    workers = min(len(items), os.cpu_count() or 1)
-    if not verify or workers < 2:
-        return [one(item) for item in items]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, items))
-
-
-def _discover(run_dir: Path, tolerant: bool, verify: bool) -> _Discovered:
+def _discover(run_dir: Path, tolerant: bool) -> _Discovered:
     files: dict[str, list[PartFile]] = {}
     skipped: list[SkippedFile] = []
     unknown: list[str] = []
@@ -362,14 +323,13 @@ def _discover(run_dir: Path, tolerant: bool, verify: bool) -> _Discovered:
         for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir())
         for rank, path in _part_paths(type_dir)
     ]
-    for (event_type, _, path), part in zip(items, _describe_all(items, verify), strict=True):
-        if isinstance(part, BaseException):
-            pages = isinstance(part, DamagedPagesError)
+    for event_type, rank, path in items:
+        try:
+            part = _describe(path, event_type, rank)
+        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
             if not tolerant:
-                what = "corrupt Parquet data in" if pages else "corrupt Parquet file"
-                raise CorruptFileError(f"{what} {path}: {part}") from None
-            what = "damaged Parquet data" if pages else "unreadable Parquet"
-            reason = f"{what} ({part})"
+                raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
+            reason = f"unreadable Parquet ({exc})"
             warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
             skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
             continue
@@ -389,8 +349,9 @@ def is_run_dir(path: Path) -> bool:
 def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
     """Open one run directory (all ranks); raises a one-line error for user mistakes.
 
-    ``verify_pages=False`` skips the full checksum read (footers and the manifest are
-    still checked), for tools that poll a live run and analyse nothing.
+    Footers and manifests are checked here; pages when a scan reads them.
+    ``verify_pages=False`` reads without checking page checksums (tools that poll a live
+    run for a view: ``esper watch``, ``esper runs``).
     """
     run_dir = Path(path)
     if not run_dir.exists():
@@ -403,7 +364,7 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
     tolerant = not manifests or any(
         _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
     )
-    files, skipped, unknown = _discover(run_dir, tolerant, verify_pages)
+    files, skipped, unknown = _discover(run_dir, tolerant)
     if unknown:
         warnings.warn(
             f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
@@ -415,6 +376,7 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
         files=files,
         skipped=skipped,
         unknown_types=unknown,
+        verify=verify_pages,
     )
     run.degraded = check_run_integrity(run)
     for note in run.degraded:

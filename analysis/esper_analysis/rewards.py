@@ -67,7 +67,7 @@ def _missing_components(run: Run) -> list[str]:
         return []
     present: set[str] = set()
     for f in files:
-        present.update(f.column_names())
+        present.update(f.columns)
     return [c for c in COMPONENTS if c not in present]
 
 

@@ -25,6 +25,7 @@ from _reliability_support import (
     write_small_config,
 )
 from esper_analysis import load_run
+from esper_analysis.catalogue import entry
 
 from esper.core.enums import RunStatus
 
@@ -88,6 +89,12 @@ def test_a_run_killed_during_its_close_is_closed_by_continue_run(
     assert done["env_steps"] == ROUNDS * N_ENVS * EPISODE_LENGTH
     saved = rows(run_dir, "checkpoint_saved")["next_round"].to_list()
     assert saved == list(range(1, ROUNDS + 1))
+    listed = entry(run)  # `esper runs` describes the whole run
+    assert (listed.rounds, listed.rounds_planned, listed.env_steps) == (
+        ROUNDS,
+        ROUNDS,
+        ROUNDS * N_ENVS * EPISODE_LENGTH,
+    )
     # A cleanly finished run has nothing left to close: still refused.
     proc = _continue(finished[0], tel, capsys)
     assert_user_error(proc, "nothing is left to run")
