@@ -229,11 +229,12 @@ def seed_lifecycles(run: Run) -> Lifecycles:
     """Per-seed lifecycle table, per-blueprint rates and the timeline segments."""
     read = pl.collect_all([run.scan(t).select(*KEY, *cols) for t, cols in COLUMNS.items()])
     # Every seed numbered once; the events then carry its number, not the key's strings.
-    ids = pl.concat([f.select(KEY) for f in read]).unique().with_row_index(SEED).lazy()
-    frames = {
-        t: f.lazy().join(ids, on=KEY, how="left", nulls_equal=True).drop(KEY)
-        for t, f in zip(COLUMNS, read, strict=True)
-    }
+    ids = pl.concat([f.select(KEY) for f in read]).unique().with_row_index(SEED)
+    numbered = pl.collect_all(
+        [f.lazy().join(ids.lazy(), on=KEY, how="left", nulls_equal=True).drop(KEY) for f in read]
+    )
+    del read  # peak memory: the key's strings are in ``ids`` alone from here on
+    frames = {t: f.lazy() for t, f in zip(COLUMNS, numbered, strict=True)}
     starts = pl.concat(
         [
             frames["seed_germinated"].select(
@@ -245,7 +246,7 @@ def seed_lifecycles(run: Run) -> Lifecycles:
         ],
         how="diagonal",
     ).sort(SEED, "seq")
-    seed_plan = _seed_table(run, ids, frames, starts)
+    seed_plan = _seed_table(run, ids.lazy(), frames, starts)
     seeds, segments = pl.collect_all([seed_plan, _segments(starts, seed_plan)])
     run_id = pl.lit(_run_id(run), dtype=pl.String).alias("run_id")
     seeds = seeds.select(run_id, *KEY, *SEED_COLUMNS)
