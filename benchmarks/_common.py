@@ -77,18 +77,7 @@ def machine_info(*, threads: int | None = None) -> dict[str, Any]:
         "load_average": load,
         "loaded": bool(load) and load[0] > LOADED_MACHINE,
         "gpu": gpu_info(),
-        "native": native_modules(),
     }
-
-
-def native_modules() -> dict[str, bool]:
-    """Which optional C accelerators are in use (README, "Conversion")."""
-    try:
-        from esper.core.native import native_status
-
-        return native_status()
-    except ImportError:  # a machine without the analysis dependencies (a GPU box)
-        return {}
 
 
 #: ``nvidia-smi`` gets this long to answer (it can hang on a broken driver).
@@ -180,20 +169,8 @@ def print_machine(info: dict[str, Any]) -> None:
     gpu = f", GPU {gpus[0]['name']}" + (f" x{len(gpus)}" if len(gpus) > 1 else "") if gpus else ""
     print(
         f"machine: {info['cpu_model']}, {info['cores']} cores{gpu}, torch "
-        f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}, "
-        f"native {_on_off(info.get('native') or {})}{note}",
+        f"{info['versions']['torch']}, threads {info['torch_threads']}, load {load}{note}",
         flush=True,
-    )
-
-
-def _on_off(status: dict[str, bool]) -> str:
-    """``columns on``: each accelerator by the last part of its name."""
-    return (
-        ", ".join(
-            f"{n.rsplit('.', 1)[-1].lstrip('_')} {'on' if on else 'off'}"
-            for n, on in status.items()
-        )
-        or "unknown"
     )
 
 

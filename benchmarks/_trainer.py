@@ -105,8 +105,8 @@ class Measurement:
     #: CPU seconds the telemetry writer spent writing (its manifest's ``cpu_ns``): part
     #: of ``cpu_s``, measured per thread, so its share is exact even on a loaded machine.
     writer_cpu_s: float = 0.0
-    #: Batches the writer wrote (a journal part or a set of typed parts each; its
-    #: manifest's ``flushes``).
+    #: Batches the writer wrote (one part per event type each; its manifest's
+    #: ``flushes``).
     writer_flushes: int = 0
 
     @property

@@ -1,7 +1,8 @@
 """Analysis throughput: every analysis on a synthetic 10-million-event run, against one
 plain polars scan of the same columns; peak RSS of each.
 
-The run is written once by ``esper_analysis.synth.synthesize_run`` into
+The run is written once by ``esper_analysis.synth.synthesize_run`` (the telemetry demo's
+simulator through the real writer: a few minutes for 10M events) into
 ``benchmarks/.cache/`` (git-ignored) and reused by later invocations. Each measurement
 runs in a fresh subprocess (this script with ``--worker``), so its peak RSS
 (``ru_maxrss``) is its own and nothing is cached in memory between measurements (the
@@ -184,19 +185,13 @@ def run_worker(kind: str, run_dir: Path) -> dict[str, Any]:
 
 
 def file_layout() -> str:
-    """A short digest of the options compacted files are written with."""
+    """A short digest of the options merged files are written with."""
     import pyarrow as pa
 
     from esper.telemetry import sink
 
-    options = sink.compact_options(pa.schema([]))
-    facts = (
-        sorted(options.items()),
-        sink.DICTIONARY_INTEGERS,
-        sink.COMPACT_ROW_GROUP_ROWS,
-        sink.DELTA_COLUMNS,
-        sink.STATISTICS_COLUMNS,
-    )
+    options = sink.merged_options(pa.schema([]))
+    facts = (sorted(options.items()), sink.DICTIONARY_INTEGERS, sink.ROW_GROUP_ROWS)
     return hashlib.sha256(repr(facts).encode()).hexdigest()[:8]
 
 

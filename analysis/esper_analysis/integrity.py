@@ -2,9 +2,10 @@
 
 Four layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
 columns do not have the catalogue's types for its event type (the loader then treats
-it like an unreadable file); :func:`verify_pages` checks every page's CRC32 from the raw
-bytes (files written before page checksums are decoded instead), so random bytes in a
-part are an error rather than silently different numbers;
+it like an unreadable file); scans read every page with pyarrow's own checksum
+verification (:mod:`esper_analysis.parts`; :func:`verify_pages` reads a whole file so,
+to name the damaged one), so random bytes in a part are an error rather than silently
+different numbers;
 :func:`esper_analysis.manifest_check.check_run_integrity` compares the files with
 the manifest (``run_id``, per-type counts); :func:`corrupt_data_errors` turns a scan
 that fails on damaged data pages into :class:`CorruptFileError` naming the file.
@@ -26,7 +27,6 @@ import pyarrow.parquet as pq
 from polars.datatypes import DataTypeClass
 
 from esper_analysis.errors import CorruptFileError
-from esper_analysis.page_crc import PageChecksumError, verify_page_checksums
 from esper_analysis.schema import event_schema
 
 if TYPE_CHECKING:
@@ -50,21 +50,21 @@ class DamagedPagesError(ValueError):
     """A data page fails its checksum or does not decode (the footer was fine)."""
 
 
-def verify_pages(path: Path) -> None:
-    """Verify every page of ``path``: its CRC32 from the raw bytes where the file has page
-    checksums (no decoding: about 5x cheaper), else decode every page.
+def verify_pages(path: Path, meta: pq.FileMetaData | None = None) -> None:
+    """Read every page of ``path`` with pyarrow's page checksum verification (string
+    columns kept dictionary-encoded: decoding them is not needed to check them).
 
     Raises :class:`DamagedPagesError` with the first line of the reason.
     """
     try:
-        if verify_page_checksums(path):
-            return
-    except (OSError, PageChecksumError, pa.ArrowException) as exc:
-        raise DamagedPagesError(str(exc)) from None
-    try:
-        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+        meta = meta or pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+        strings = [f.name for f in schema if pa.types.is_string(f.type)]
+        with pq.ParquetFile(
+            path, metadata=meta, page_checksum_verification=True, read_dictionary=strings
+        ) as parquet:
             for group in range(parquet.num_row_groups):
-                parquet.read_row_group(group)
+                parquet.read_row_group(group, use_threads=False)
     except (OSError, pa.ArrowException) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DamagedPagesError(first) from None
@@ -151,7 +151,7 @@ def corrupt_data_errors(run: Run) -> Iterator[None]:
     """
     try:
         yield
-    except pl.exceptions.PolarsError as exc:
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as exc:
         bad = run.find_corrupt_files()
         if not bad:
             raise

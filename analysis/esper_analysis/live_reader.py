@@ -1,16 +1,13 @@
 """Incremental reader of a run directory for pollers (``esper watch``).
 
 :func:`esper_analysis.loader.load_run` describes every part file on each call, which a
-view refreshed every second cannot afford on a live run (up to 128 uncompacted parts
-per event type before the writer merges them). This reader keeps, per part file, the
-few columns the live view needs, and on each :meth:`RunReader.refresh` reads only the
-parts that appeared since the last one. Parts are immutable once the writer renames
-them into place, so a cached part never goes stale; a part that vanishes (merged by a
-compaction) is forgotten, and its rows come back with the merged file. While both
-are on disk the rows are deduplicated on ``(rank, seq)``. Journal parts
-(``journal/rank=<r>/``, one per flush, :mod:`esper.telemetry.journal`) are read the
-same way: they hold the newest events until the writer converts them into typed parts
-and deletes them, and the dedup drops the overlap while both exist.
+view refreshed every second cannot afford on a live run (dozens of parts per event
+type between the writer's merges). This reader keeps, per part file, the few columns
+the live view needs, and on each :meth:`RunReader.refresh` reads only the parts that
+appeared since the last one. Parts are immutable once the writer renames them into
+place, so a cached part never goes stale; a part that vanishes (merged) is forgotten,
+and its rows come back with the merged file. While both are on disk the rows are
+deduplicated on ``(rank, seq)``.
 """
 
 from __future__ import annotations
@@ -26,15 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
-from esper.telemetry.arrow_schema import events_to_table
-from esper.telemetry.events import EVENT_TYPES
-from esper.telemetry.journal import (
-    JournalError,
-    group_by_type,
-    journal_parts,
-    journal_ranks,
-    read_journal,
-)
+from esper.telemetry.paths import list_parts
 from esper_analysis.errors import CorruptFileError, RunNotFoundError
 from esper_analysis.loader import EVENTS_DIR, MANIFEST_NAME, Run, is_run_dir
 
@@ -60,13 +49,9 @@ _TYPE_PREFIX: Final = "type="
 _CLOSED: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
 
 
-#: Listing value of a journal part (it holds every event type).
-_JOURNAL: Final = ""
-
-
 @dataclasses.dataclass(frozen=True)
 class _Part:
-    #: The view's rows per event type (one type for a typed part, several for a journal).
+    #: The view's rows of the part's event type.
     frames: dict[str, pl.DataFrame]
 
 
@@ -82,15 +67,6 @@ def _read_part(path: Path, event_type: str) -> dict[str, pl.DataFrame]:
         columns = [c for c in (*_KEY, *COLUMNS[event_type]) if c in names]
         table = parquet.read(columns=columns)
     return {event_type: _frame(table)}
-
-
-def _read_journal(path: Path) -> dict[str, pl.DataFrame]:
-    frames = {}
-    for tag, events in group_by_type(read_journal(path)).items():
-        if tag in COLUMNS:
-            table = events_to_table(EVENT_TYPES[tag], events)
-            frames[tag] = _frame(table.select([*_KEY, *COLUMNS[tag]]))
-    return frames
 
 
 class RunReader:
@@ -113,11 +89,8 @@ class RunReader:
             for rank_dir in sorted(type_dir.iterdir()):
                 if _RANK_DIR.match(rank_dir.name) is None or not rank_dir.is_dir():
                     continue
-                for part in rank_dir.iterdir():
-                    if part.suffix == ".parquet" and not part.name.startswith((".", "_")):
-                        listed[part] = event_type
-        for rank in journal_ranks(self.path):
-            listed.update(dict.fromkeys(journal_parts(self.path, rank), _JOURNAL))
+                for part in list_parts(rank_dir):
+                    listed[part.path] = event_type
         return listed
 
     def refresh(self) -> None:
@@ -131,13 +104,10 @@ class RunReader:
             if path in self._parts:
                 continue
             try:
-                if event_type == _JOURNAL:
-                    frames = _read_journal(path)
-                else:
-                    frames = _read_part(path, event_type)
+                frames = _read_part(path, event_type)
             except FileNotFoundError:
-                continue  # merged (or converted) since the listing; its rows are elsewhere
-            except (OSError, pa.ArrowException, JournalError) as exc:
+                continue  # merged since the listing; its rows are in the merged file
+            except (OSError, pa.ArrowException) as exc:
                 self.skipped[str(path.relative_to(self.path))] = str(exc)
                 frames = {}
             self._parts[path] = _Part(frames)

@@ -5,22 +5,24 @@ A run directory is ``<run_id>/manifest.json`` plus
 also read). Only Parquet *footers* are
 read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
 
-Corrupt files: every page is decoded once at load time with its CRC32 checksum
-verified (:func:`~esper_analysis.integrity.verify_pages`; files written before page
-checksums are decoded only). In a run whose writer closed cleanly (manifest status
-finished, failed or interrupted) an unreadable Parquet file is an error that names the
-file, because silently analysing part of a finished run would give wrong answers. In a
-run whose manifest still says ``running`` (killed, or still live) unreadable files are
-skipped with a warning and listed in :attr:`Run.recovery`, because reading what a crash
-left is the point there.
+Corrupt files: every footer is read at load time; every page a scan reads is read with
+pyarrow's page checksum verification (:mod:`esper_analysis.parts`; files written
+before page checksums are decoded only), and a damaged page is an error naming the file
+(:func:`~esper_analysis.integrity.corrupt_data_errors`). In a run whose writer closed
+cleanly (manifest status finished, failed or interrupted) an unreadable Parquet file is
+an error that names the file, because silently analysing part of a finished run would
+give wrong answers. In a run whose manifest still says ``running`` (killed, or still
+live) unreadable files are skipped with a warning and listed in :attr:`Run.recovery`,
+because reading what a crash left is the point there.
 
 Foreign or missing events: the files are checked against the manifest (``run_id`` of
 every file, per-type counts; :mod:`esper_analysis.manifest_check`): an error for a
 cleanly closed run, a degraded read with a warning (:attr:`Run.degraded`) otherwise.
 
-Duplicates: events are unique on ``(rank, seq)``. When the files of one type and rank
-have overlapping ``seq`` ranges (a crash during compaction leaves the small parts and
-the compacted file side by side) or lack statistics, the scan deduplicates.
+Parts a merge superseded (a crash between its rename and its deletes) are skipped by
+the writer's own rule (:func:`esper.telemetry.liveness.superseded`). Events are unique
+on ``(rank, seq)``: when the files of one type and rank still have overlapping ``seq``
+ranges (files copied in by hand) or unknown ones, the scan deduplicates.
 """
 
 from __future__ import annotations
@@ -29,11 +31,8 @@ import itertools
 import json
 import os
 import re
-import socket
-import time
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -45,8 +44,8 @@ import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
 from esper.telemetry.events import SCHEMA_VERSION
-from esper.telemetry.manifest import pid_alive
-from esper.telemetry.paths import event_type_of
+from esper.telemetry.liveness import manifest_status, superseded
+from esper.telemetry.paths import event_type_of, list_parts, parse_part
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
 from esper_analysis.integrity import (
     DamagedPagesError,
@@ -54,10 +53,8 @@ from esper_analysis.integrity import (
     check_columns,
     corrupt_data_errors,
     footer_run_id,
-    footer_values,
     verify_pages,
 )
-from esper_analysis.journal_files import JournalEvents, journal_parts_of, read_journals
 from esper_analysis.manifest_check import check_run_integrity
 from esper_analysis.parts import PartFile, scan_parts
 from esper_analysis.recovery import Recovery, SkippedFile, as_int, recovery_of
@@ -68,22 +65,11 @@ MANIFEST_NAME: Final = "manifest.json"
 _RANK_MANIFEST = re.compile(r"^manifest-rank(\d+)\.json$")
 EVENTS_DIR: Final = "events"
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
-_PART_NUMBER = re.compile(r"(\d+)")
 #: Parquet key-value metadata key of the schema version (written by the telemetry writer).
 SCHEMA_VERSION_KEY: Final = b"esper.schema_version"
-#: A ``running`` manifest is stale (its producer is dead) when its heartbeat is older than
-#: this many flush intervals, and at least :data:`MIN_STALE_S`; same rule as the writer's.
-STALE_INTERVALS: Final = 10
-MIN_STALE_S: Final = 5.0
-_DEFAULT_FLUSH_S: Final = 1.0
-_NS_PER_S: Final = 1_000_000_000
 _CLOSED_STATUSES: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
-_CAST: Final = pl.ScanCastOptions(
-    integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
-)
 _DEDUP_KEY: Final = ("rank", "seq")
 _INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
-#: Unsigned file columns up to this width fit the catalogue's Int64.
 _KNOWN_TYPES: Final = frozenset(known_event_types())
 
 
@@ -98,6 +84,8 @@ class Run:
     unknown_types: list[str] = field(default_factory=list)
     #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
     degraded: list[str] = field(default_factory=list)
+    #: Whether scans verify the page checksums of what they read.
+    verify: bool = True
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -147,26 +135,12 @@ class Run:
         return False
 
     def scan(self, event_type: str) -> pl.LazyFrame:
-        """All ranks of one event type, typed by the current catalogue (empty if none)."""
-        schema = event_schema(event_type)
-        files = self.files.get(event_type, [])
+        """All ranks of one event type, typed by the current catalogue (empty if none);
+        its reads verify every page they touch (unless the run was loaded without)."""
+        files = sorted(self.files.get(event_type, []), key=lambda f: f.rank)  # stable
         if not files:
             return empty_frame(event_type)
-        by_rank: dict[int, list[PartFile]] = {}
-        for f in files:
-            by_rank.setdefault(f.rank, []).append(f)
-        frames = [
-            scan_parts(
-                parts,
-                schema=schema,
-                hive_partitioning=False,
-                missing_columns="insert",
-                extra_columns="ignore",
-                cast_options=_CAST,
-            ).with_columns(pl.col("rank").fill_null(rank))
-            for rank, parts in sorted(by_rank.items())
-        ]
-        lf = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+        lf = scan_parts(files, event_schema(event_type), verify=self.verify)
         if self.needs_dedup(event_type):
             lf = lf.unique(subset=list(_DEDUP_KEY), keep="first", maintain_order=True)
         return lf
@@ -186,8 +160,6 @@ class Run:
         bad = []
         for parts in self.files.values():
             for part in parts:
-                if part.table is not None:
-                    continue  # read from a journal part, checksums verified then
                 try:
                     verify_pages(part.path)
                 except DamagedPagesError as exc:
@@ -198,13 +170,16 @@ class Run:
     def status(self) -> RunStatus:
         """finished / failed / interrupted / crashed (or running, while the producer lives).
 
-        The ``run_finished`` event wins when present, except that a ``finished`` run whose
-        writer then failed (at close: a manifest says ``failed``) is failed: its
-        telemetry did not close cleanly. Otherwise the manifests decide, the worst rank
-        first: a ``running`` manifest with a dead producer, or no manifest at all, is a
-        crash.
+        A rank whose manifest still says ``running`` with a dead producer makes the run
+        crashed, even after its ``run_finished`` event (killed during its close: it can
+        be closed by ``--continue-run``). Otherwise the ``run_finished`` event wins when
+        present, except that a ``finished`` run whose writer then failed (at close: a
+        manifest says ``failed``) is failed. Otherwise the manifests decide, the worst
+        rank first; no manifest at all is a crash.
         """
         statuses = [manifest_status(m) for m in self.manifests.values()]
+        if RunStatus.CRASHED in statuses:
+            return RunStatus.CRASHED
         if self.rows_on_disk("run_finished"):
             with corrupt_data_errors(self):
                 last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
@@ -236,30 +211,6 @@ def _parse_status(value: Any) -> RunStatus | None:
         return RunStatus(str(value).lower())
     except ValueError:
         return None
-
-
-def manifest_status(manifest: dict[str, Any], *, now_ns: int | None = None) -> RunStatus | None:
-    """The manifest's status, with a stale ``running`` (dead producer) as ``crashed``.
-
-    Dead means: same host and the pid is gone, or no heartbeat for
-    ``max(MIN_STALE_S, STALE_INTERVALS * flush_interval_s)`` seconds.
-    """
-    status = _parse_status(manifest.get("status"))
-    if status is not RunStatus.RUNNING:
-        return status
-    pid = as_int(manifest.get("pid"))
-    same_host = manifest.get("hostname") == socket.gethostname()
-    if same_host and pid is not None and not pid_alive(pid):
-        return RunStatus.CRASHED
-    beat = as_int(manifest.get("heartbeat_ns"))
-    if beat is None:
-        return RunStatus.CRASHED
-    flush_s = manifest.get("flush_interval_s")
-    if not isinstance(flush_s, int | float) or not flush_s > 0:  # absent or damaged
-        flush_s = _DEFAULT_FLUSH_S
-    stale_s = max(MIN_STALE_S, STALE_INTERVALS * float(flush_s))
-    now = time.time_ns() if now_ns is None else now_ns
-    return RunStatus.CRASHED if now - beat > stale_s * _NS_PER_S else RunStatus.RUNNING
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -311,26 +262,12 @@ def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def _rank_value(meta: pq.FileMetaData, rank: int) -> int | None:
-    """The ``rank`` of every row of the file, when its footer proves it: every row
-    group's statistics give one value and no nulls, or the file has no such column (a
-    scan fills in the directory's ``rank``). None otherwise (counts then read it)."""
-    if "rank" not in meta.schema.names or meta.num_row_groups == 0:
-        return rank
-    found = footer_values(meta, "rank")
-    if found is None or found[1] != 0 or len(found[0]) != 1:
-        return None
-    (only,) = found[0]
-    return only if isinstance(only, int) and not isinstance(only, bool) else None
-
-
-def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
+def _describe(path: Path, event_type: str, rank: int) -> PartFile:
     meta = pq.read_metadata(path)
     if event_type in _KNOWN_TYPES:
         check_columns(meta, event_type)
-    if verify:
-        verify_pages(path)
-    lo, hi = _seq_range(meta)
+    part = parse_part(path)
+    lo, hi = (part.first, part.last) if part and part.first is not None else _seq_range(meta)
     return PartFile(
         path=path,
         event_type=event_type,
@@ -340,27 +277,22 @@ def _describe(path: Path, event_type: str, rank: int, verify: bool) -> PartFile:
         seq_min=lo,
         seq_max=hi,
         run_id=footer_run_id(meta),
-        rank_value=_rank_value(meta, rank),
+        columns=tuple(meta.schema.to_arrow_schema().names),
     )
 
 
-def _part_key(path: Path) -> tuple[int, str]:
-    numbers = _PART_NUMBER.findall(path.stem)
-    return (int(numbers[-1]) if numbers else -1, path.name)
-
-
 def _part_paths(type_dir: Path) -> Iterable[tuple[int, Path]]:
+    """Every live part of one type directory, with its rank (a merge's superseded
+    inputs skipped, :func:`esper.telemetry.liveness.superseded`)."""
     for rank_dir in sorted(p for p in type_dir.iterdir() if p.is_dir()):
         match = _RANK_DIR.match(rank_dir.name)
         if match is None:
             continue
-        parts = [
-            p
-            for p in rank_dir.iterdir()
-            if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_"))
-        ]
-        for p in sorted(parts, key=_part_key):
-            yield int(match.group(1)), p
+        parts = list_parts(rank_dir)
+        gone = superseded(parts)
+        for part in parts:
+            if part.path not in gone:
+                yield int(match.group(1)), part.path
 
 
 def _check_version(version: int | None, where: Path) -> None:
@@ -374,54 +306,11 @@ def _check_version(version: int | None, where: Path) -> None:
 _Discovered = tuple[dict[str, list[PartFile]], list[SkippedFile], list[str]]
 
 
-def _superseded(run_dir: Path, manifests: dict[int, dict[str, Any]]) -> set[Path]:
-    """Inputs of interrupted compactions whose output is already in place.
-
-    The writer records a compaction in the manifest before renaming its output into
-    place; if it died before deleting the inputs, both are on disk and the inputs must
-    be skipped (deduplication would also catch it, at a higher price).
-    """
-    events_dir = run_dir / EVENTS_DIR
-    out: set[Path] = set()
-    for manifest in manifests.values():
-        records = manifest.get("pending_compactions")
-        for record in records if isinstance(records, list) else ():  # a damaged manifest
-            if not isinstance(record, dict) or not record.get("output"):
-                continue
-            inputs = record.get("inputs")
-            if isinstance(inputs, list) and (events_dir / str(record["output"])).is_file():
-                out.update(events_dir / str(p) for p in inputs)
-    return out
+#: What describing one part file can raise that makes the file unreadable or foreign.
+_UNREADABLE = (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
 
 
-#: What describing one part file can raise that makes the file unreadable or damaged.
-_UNREADABLE = (DamagedPagesError, OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
-
-
-def _describe_all(
-    items: list[tuple[str, int, Path]], verify: bool
-) -> list[PartFile | BaseException]:
-    """``_describe`` of every file, in order; a file's error is returned, not raised.
-
-    Files are read and checksummed on a thread pool: reading and the CRC32 release
-    the GIL, so page verification of a large run runs on every core.
-    """
-
-    def one(item: tuple[str, int, Path]) -> PartFile | BaseException:
-        event_type, rank, path = item
-        try:
-            return _describe(path, event_type, rank, verify)
-        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
-            return exc
-
-    workers = min(len(items), os.cpu_count() or 1)
-    if not verify or workers < 2:
-        return [one(item) for item in items]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, items))
-
-
-def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _Discovered:
+def _discover(run_dir: Path, tolerant: bool) -> _Discovered:
     files: dict[str, list[PartFile]] = {}
     skipped: list[SkippedFile] = []
     unknown: list[str] = []
@@ -433,16 +322,14 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
         (event_type_of(type_dir.name), rank, path)  # type=<t> (schema 2) or <t> (schema 1)
         for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir())
         for rank, path in _part_paths(type_dir)
-        if path not in skip
     ]
-    for (event_type, _, path), part in zip(items, _describe_all(items, verify), strict=True):
-        if isinstance(part, BaseException):
-            pages = isinstance(part, DamagedPagesError)
+    for event_type, rank, path in items:
+        try:
+            part = _describe(path, event_type, rank)
+        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
             if not tolerant:
-                what = "corrupt Parquet data in" if pages else "corrupt Parquet file"
-                raise CorruptFileError(f"{what} {path}: {part}") from None
-            what = "damaged Parquet data" if pages else "unreadable Parquet"
-            reason = f"{what} ({part})"
+                raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
+            reason = f"unreadable Parquet ({exc})"
             warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
             skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
             continue
@@ -455,20 +342,6 @@ def _discover(run_dir: Path, tolerant: bool, skip: set[Path], verify: bool) -> _
     return files, skipped, unknown
 
 
-def _add_journal_files(files: dict[str, list[PartFile]], journals: JournalEvents) -> None:
-    """Add the journalled events no typed part holds yet, as in-memory parts."""
-
-    def typed_max(event_type: str, rank: int) -> int:
-        parts = [f for f in files.get(event_type, ()) if f.rank == rank]
-        if all(f.seq_max is not None for f in parts):
-            return max((int(f.seq_max or 0) for f in parts), default=-1)
-        found = scan_parts(parts).select(pl.col("seq").max()).collect().item()
-        return -1 if found is None else int(found)
-
-    for part in journal_parts_of(journals, typed_max):
-        files.setdefault(part.event_type, []).append(part)
-
-
 def is_run_dir(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path / EVENTS_DIR).is_dir()
 
@@ -476,8 +349,9 @@ def is_run_dir(path: Path) -> bool:
 def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
     """Open one run directory (all ranks); raises a one-line error for user mistakes.
 
-    ``verify_pages=False`` skips the full checksum read (footers and the manifest are
-    still checked), for tools that poll a live run and analyse nothing.
+    Footers and manifests are checked here; pages when a scan reads them.
+    ``verify_pages=False`` reads without checking page checksums (tools that poll a live
+    run for a view: ``esper watch``, ``esper runs``).
     """
     run_dir = Path(path)
     if not run_dir.exists():
@@ -490,11 +364,7 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
     tolerant = not manifests or any(
         _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
     )
-    superseded = _superseded(run_dir, manifests)
-    journals = read_journals(run_dir, tolerant=tolerant)  # before the typed parts: see there
-    files, skipped, unknown = _discover(run_dir, tolerant, superseded, verify_pages)
-    skipped += [SkippedFile(path, reason) for path, reason in journals.skipped]
-    _add_journal_files(files, journals)
+    files, skipped, unknown = _discover(run_dir, tolerant)
     if unknown:
         warnings.warn(
             f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
@@ -506,6 +376,7 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
         files=files,
         skipped=skipped,
         unknown_types=unknown,
+        verify=verify_pages,
     )
     run.degraded = check_run_integrity(run)
     for note in run.degraded:

@@ -157,13 +157,13 @@ def _count_problems(run: Run, rank: int, manifest: dict[str, Any]) -> tuple[list
 
 
 def _distinct(files: Sequence[PartFile]) -> int:
-    """Distinct ``seq`` over files that may overlap (a crash during compaction)."""
+    """Distinct ``seq`` over files that may overlap (copied in, or a merge's leftovers)."""
     spans = sorted(
         (f.seq_min, f.seq_max) for f in files if f.seq_min is not None and f.seq_max is not None
     )
     if len(spans) == len(files) and all(a[1] < b[0] for a, b in itertools.pairwise(spans)):
         return sum(f.rows for f in files)
-    frame = scan_parts(files, hive_partitioning=False)
+    frame = scan_parts(files, pl.Schema({"seq": pl.Int64}))
     return int(frame.select(pl.col("seq").n_unique()).collect().item())
 
 

@@ -4,30 +4,29 @@ The component list is :data:`esper.core.records.REWARD_COMPONENTS`, so a compone
 added to the reward is picked up here without edits. A row is flagged when its
 components do not sum to its total within :data:`SUM_TOLERANCE` (a NaN anywhere flags
 it too). A component column missing from an older schema reads as null and counts as
-0 in the sum, which is what that older reward computed; the summary names it.
-
-Grouped sums and means are added up in a fixed order (per finest group in row order,
-then rolled up over those groups: :mod:`esper_analysis.reward_partials`), so every call
-gives the same bits (a parallel group-by adds floats in an order that varies from call
-to call).
+0 in the sum, which is what that older reward computed; the summary names it. Sums of
+floats may differ in their last bits from call to call (the group-bys run in parallel);
+the tables present them rounded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Final
 
-import numpy as np
 import polars as pl
 
+from esper.core.records import REWARD_COMPONENTS
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
-from esper_analysis.reward_checks import SUM_TOLERANCE, RowChecks, flagged_rows, stats, with_check
-from esper_analysis.reward_partials import COMPONENTS, FINE, SUMMED, Partials, group_sums
-from esper_analysis.reward_stream import stream_partials
 
-__all__ = ["SUM_TOLERANCE", "RewardBreakdown", "reward_breakdown"]
+#: Absolute tolerance of the components-sum-to-total check.
+SUM_TOLERANCE: Final = 1e-6
+COMPONENTS: Final = list(REWARD_COMPONENTS)
+#: The summed columns: every component and the total.
+SUMMED: Final = [*COMPONENTS, "total"]
+_EPISODE: Final = ["rank", "round", "env"]
+_FLAGGED: Final = ["round", "env", "step", "op", "total", "component_sum", *COMPONENTS]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,52 +67,62 @@ def _missing_components(run: Run) -> list[str]:
         return []
     present: set[str] = set()
     for f in files:
-        present.update(f.column_names())
+        present.update(f.columns)
     return [c for c in COMPONENTS if c not in present]
 
 
-def reward_breakdown(run: Run, *, stream: bool = True) -> RewardBreakdown:
-    """Totals per env, episode, op and component; flags rows that do not add up.
+def _sums(lf: pl.LazyFrame, keys: list[str], *, mean: bool = False) -> pl.LazyFrame:
+    """Rows, and the sum (or mean over non-null values) of every summed column, per key."""
+    agg = [pl.col(c).mean() if mean else pl.col(c).sum() for c in SUMMED]
+    return lf.group_by(keys).agg(pl.len().alias("rows"), *agg)
 
-    ``stream``: read the reward table one row group at a time where the run allows it
-    (:mod:`esper_analysis.reward_stream`); False reads it whole. The tables are the same.
-    """
-    episodes = run.scan("episode_finished").select(
-        "rank", "round", "env", pl.col("episode_reward").alias("episode_reward_reported")
+
+def _by_component(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per summed column: sum and mean (null where no row has it), min, max (a
+    zero as +0.0) and the non-zero count."""
+    return pl.concat(
+        [
+            lf.select(
+                component=pl.lit(c),
+                sum=pl.when(pl.col(c).count() > 0).then(pl.col(c).sum()),
+                mean=pl.col(c).mean(),
+                min=pl.col(c).min() + 0.0,
+                max=pl.col(c).max() + 0.0,
+                nonzero=(pl.col(c) != 0).sum().cast(pl.Int64),
+            )
+            for c in SUMMED
+        ]
     )
-    checks = RowChecks()
-    partials = stream_partials(run, checks) if stream else None
-    if partials is None:  # read whole: the same tables (see reward_stream)
-        lf = with_check(run.scan("reward_computed"))
-        comp, rows, reported, flagged = pl.collect_all(
-            [stats(lf), lf.select(*FINE, *SUMMED), episodes, flagged_rows(lf)]
-        )
-        partials = Partials.of(rows)
-        del rows  # peak memory: every table below is a roll-up of the partials
-    else:
-        reported = episodes.collect()
-        comp, flagged = checks.results()
-    flagged = flagged.with_columns(diff=pl.col("component_sum") - pl.col("total")).sort(
-        "round", "env", "step", maintain_order=True
+
+
+def reward_breakdown(run: Run) -> RewardBreakdown:
+    """Totals per env, episode, op and component; flags rows that do not add up."""
+    columns = ["rank", "round", "env", "step", "op", *SUMMED]
+    rewards = run.scan("reward_computed").select(columns).collect().lazy()  # read once
+    component_sum = pl.sum_horizontal([pl.col(c).fill_null(0.0) for c in COMPONENTS])
+    diff = (pl.col("component_sum") - pl.col("total")).abs()
+    ok = (diff <= SUM_TOLERANCE).fill_null(False) & diff.is_not_nan()
+    reported = run.scan("episode_finished").select(
+        *_EPISODE, episode_reward_reported="episode_reward"
     )
-    # The two largest roll-ups on a second thread while the others are built (numpy's
-    # kernels and polars release the GIL).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="esper-rewards") as pool:
-        per_episode = pool.submit(group_sums, partials, ["rank", "round", "env"])
-        per_round = pool.submit(group_sums, partials, ["round"], mean=True)
-        by_component = _component_table(comp, partials)
-        by_env = group_sums(partials, ["env"]).sort("env")
-        by_op = (
-            group_sums(partials, ["op"])
+    by_component, by_env, by_episode, by_op, by_round, flagged = pl.collect_all(
+        [
+            _by_component(rewards),
+            _sums(rewards, ["env"]).sort("env"),
+            _sums(rewards, _EPISODE)
+            .join(reported, on=_EPISODE, how="left")
+            .sort("round", "env", "rank"),
+            _sums(rewards, ["op"])
             .with_columns(mean_total=pl.col("total") / pl.col("rows"))
-            .sort("op")
-        )
-        by_episode = (
-            per_episode.result()
-            .join(reported, on=["rank", "round", "env"], how="left")
-            .sort("round", "env", "rank")
-        )
-        by_round = per_round.result().sort("round")
+            .sort("op"),
+            _sums(rewards, ["round"], mean=True).sort("round"),
+            rewards.with_columns(component_sum=component_sum)
+            .filter(~ok)
+            .select(_FLAGGED)
+            .with_columns(diff=pl.col("component_sum") - pl.col("total"))
+            .sort("round", "env", "step", maintain_order=True),
+        ]
+    )
     return RewardBreakdown(
         by_component=by_component,
         by_env=by_env,
@@ -126,31 +135,3 @@ def reward_breakdown(run: Run, *, stream: bool = True) -> RewardBreakdown:
         tolerance=SUM_TOLERANCE,
         missing_components=_missing_components(run),
     )
-
-
-def _component_table(wide: pl.DataFrame, partials: Partials) -> pl.DataFrame:
-    """One row per component (and the total) from the one-row struct aggregate; sum and
-    mean are numpy's over the per-group partial sums, in their fixed order (see the
-    module docstring)."""
-    table = []
-    for name in SUMMED:
-        stats = dict(wide[name][0] or {}) if wide.height else {}
-        present = int(partials.present[name].sum())
-        if present:
-            stats["sum"] = float(np.sum(partials.sums[name]))
-            stats["mean"] = stats["sum"] / present
-        table.append({"component": name, **{k: stats.get(k) for k in _STAT_KEYS}})
-    return pl.DataFrame(table, schema=_COMPONENT_SCHEMA)
-
-
-_STAT_KEYS: Final = ("sum", "mean", "min", "max", "nonzero")
-_COMPONENT_SCHEMA: Final = pl.Schema(
-    {
-        "component": pl.String,
-        "sum": pl.Float64,
-        "mean": pl.Float64,
-        "min": pl.Float64,
-        "max": pl.Float64,
-        "nonzero": pl.Int64,
-    }
-)

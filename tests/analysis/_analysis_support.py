@@ -24,7 +24,7 @@ from pathlib import Path
 
 from esper.core.constants import HEAD_NAMES
 from esper.core.enums import RunStatus, TelemetryLevel
-from esper.core.records import make_breakdown
+from esper.core.records import REWARD_COMPONENTS, make_breakdown
 from esper.telemetry import events as ev
 from esper.telemetry.hub import open_run
 
@@ -182,7 +182,7 @@ def _step_events(r: int, e: int, s: int, script: Script) -> Iterator[ev.Event]:
     full = make_breakdown(**parts)
     yield ev.RewardComputed(
         round=r, env=e, step=s, family="contribution", op=op,
-        **{k: getattr(full, k) for k in full.__struct_fields__ if k != "total"},
+        **{k: getattr(full, k) for k in REWARD_COMPONENTS},
         total=total, normalized=total,
     )  # fmt: skip
     yield ev.CounterfactualComputed(

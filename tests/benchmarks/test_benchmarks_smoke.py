@@ -3,8 +3,8 @@
 Each test runs a script as a user would (a subprocess, its own command line), into a
 temporary results directory, and checks the JSON it writes: the machine block, the
 figures the README quotes, and the relations that must hold whatever the machine (a
-NullHub emit is cheaper than a recorded one; Parquet is smaller than JSON lines; the
-analyses agree with the synthetic run they read). The numbers of a quick run mean
+NullHub emit is cheaper than a recorded one; a closed run is one file per event type;
+the analyses agree with the synthetic run they read). The numbers of a quick run mean
 nothing; these are not timed tests.
 """
 
@@ -90,18 +90,13 @@ def test_emit_costs(tmp_path: Path) -> None:
     }
 
 
-def test_writer_against_jsonl(tmp_path: Path) -> None:
+def test_writer_on_the_demo_stream(tmp_path: Path) -> None:
     data = run_script("writer", tmp_path)
-    w = data["writers"]
-    assert positive(w["parquet"]["events_per_s"]) and positive(w["jsonl"]["events_per_s"])
-    assert 0 < w["parquet"]["bytes_per_event"] < w["jsonl"]["bytes_per_event"]
-    assert data["speedup"] == pytest.approx(
-        w["parquet"]["events_per_s"] / w["jsonl"]["events_per_s"]
-    )
-    assert all(c["events_written"] == data["events"] + 1 for c in data["parquet_writer_counters"])
-    memory = data["memory"]
-    assert memory["events"] > data["events"]
-    assert len(memory["rss_mb_at_marks"]) == 10 and all(map(positive, memory["rss_mb_at_marks"]))
+    r = data["result"]
+    assert r["events"] >= 20_000 and positive(r["close_s"]) and positive(r["bytes_per_event"])
+    assert positive(r["writer_cpu_us_per_event"]) and r["flushes"] >= 1
+    # A closed run is one file per event type (the demo writes most of the catalogue).
+    assert 10 <= r["files_after_close"] <= 22
 
 
 def test_analysis_against_scan(tmp_path: Path) -> None:
@@ -179,11 +174,3 @@ def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> 
             assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
         assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
         assert 0.0 <= r["structure_batched_share"] <= 1.0
-
-
-def test_conversion_variants(tmp_path: Path) -> None:
-    data = run_script("convert", tmp_path)
-    v = data["variants"]
-    assert set(v) == {"pyarrow", "native, GIL held", "native, GIL released"}
-    for r in v.values():
-        assert positive(r["ns_per_event"]) and len(r["samples_ns_per_event"]) == 1

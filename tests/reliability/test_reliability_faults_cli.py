@@ -34,6 +34,7 @@ from esper_analysis import load_run
 
 from esper.core.enums import RunStatus
 from esper.telemetry.emit_log import EMIT_LOG_ENV
+from esper.telemetry.paths import part_name
 
 NAN_ENV, NAN_ROUND, NAN_STEP = 1, 1, 2
 
@@ -153,14 +154,19 @@ def test_data_loader_error_fails_clearly_flushes_and_checkpoints(tmp_path: Path)
 def test_disk_full_under_the_writer_is_a_clear_error_and_corrupts_nothing(
     tmp_path: Path,
 ) -> None:
-    """ENOSPC without privileges: the writer's first temporary file for round_finished is
-    a symlink to /dev/full, so the first flush after round 0 fails with a full disk."""
+    """ENOSPC without privileges: the writer's temporary file for round 0's round_finished
+    (named by its seq, which a first run of the same command tells) is a symlink to
+    /dev/full, so the checkpoint's flush after round 0 fails with a full disk."""
     full = Path("/dev/full")
     if not full.exists():
         pytest.skip("/dev/full is not available")
     config = write_small_config(tmp_path)
+    probe = run_esper(train_args(config, tmp_path / "probe", "full", rounds=1))
+    assert probe.returncode == 0, probe.stderr
+    seq = rows(tmp_path / "probe" / "full", "round_finished")["seq"][0]
     run_dir = tmp_path / "tel" / "full"
-    trap = run_dir / "events" / "type=round_finished" / "rank=0" / ".part-000000.parquet.tmp"
+    name = f".{part_name(seq, seq)}.tmp"
+    trap = run_dir / "events" / "type=round_finished" / "rank=0" / name
     trap.parent.mkdir(parents=True)
     trap.symlink_to(full)
     proc = run_esper(train_args(config, tmp_path / "tel", "full", rounds=4))

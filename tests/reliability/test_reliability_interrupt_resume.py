@@ -36,17 +36,13 @@ from esper_analysis.schema import known_event_types
 from esper.core.enums import RunStatus
 
 ROUNDS = 5
-#: Events that describe a session (start, end, checkpoints, writer), not the training.
+#: Events that describe a session (start, end, writer), not the training.
 SESSION_EVENTS = frozenset(
-    {
-        "run_started",
-        "run_finished",
-        "checkpoint_saved",
-        "checkpoint_loaded",
-        "writer_stats",
-        "telemetry_level_changed",
-    }
+    {"run_started", "run_finished", "checkpoint_loaded", "writer_stats", "telemetry_level_changed"}
 )
+#: Fields of ``checkpoint_saved`` that name the session's files and positions: a continued
+#: run's sessions add their own start events, so its later positions lie further on.
+CHECKPOINT_VOLATILE = frozenset({"path", "bytes", "seq_position"})
 #: Envelope and wall-clock fields: everything else must match exactly.
 VOLATILE = frozenset({"seq", "ts_ns", "run_id", "rank", "eps", "wall_s"})
 #: Exit status of a run ended by SIGTERM (128 + 15).
@@ -61,7 +57,8 @@ def training_events(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
         if event_type in SESSION_EVENTS or run.rows_on_disk(event_type) == 0:
             continue
         frame = run.scan(event_type).collect()
-        keep = [c for c in frame.columns if c not in VOLATILE and not c.endswith("_ms")]
+        volatile = VOLATILE | (CHECKPOINT_VOLATILE if event_type == "checkpoint_saved" else set())
+        keep = [c for c in frame.columns if c not in volatile and not c.endswith("_ms")]
         out[event_type] = sorted(tuple(map(repr, r)) for r in frame.select(keep).iter_rows())
     return out
 
@@ -71,6 +68,9 @@ def assert_same_training(got_dir: Path, want_dir: Path) -> None:
     assert set(got) == set(want)
     for event_type, expected in want.items():
         assert got[event_type] == expected, f"{event_type}: differs from the uninterrupted run"
+    totals = ["status", "rounds_completed", "env_steps", "rollbacks"]
+    last = [rows(d, "run_finished").sort("seq").select(totals).row(-1) for d in (got_dir, want_dir)]
+    assert last[0] == last[1], "the last run_finished describes the whole run"
 
 
 def assert_each_round_once(run_dir: Path) -> None:

@@ -14,13 +14,11 @@ import polars as pl
 from hypothesis import strategies as st
 
 from esper.telemetry import events as ev
-from esper.telemetry.compaction import live_parts
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
-from esper.telemetry.journal import journal_parts, journal_ranks, read_journal, unconverted
-from esper.telemetry.manifest import Manifest, new_manifest, read_manifests
+from esper.telemetry.liveness import live_parts
 
 INT_BOUND = 2**62
-#: Periodic flushes this fast let a test see several journal parts within a second.
+#: Periodic flushes this fast let a test see several parts within a second.
 FAST_FLUSH_S = 0.05
 #: How long :func:`wait_for` waits for the writer thread before failing the test.
 WAIT_S = 10.0
@@ -74,16 +72,11 @@ def as_row(event: Event) -> dict[str, Any]:
 
 
 def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
-    """Rows of one event type (all ranks), ordered by (rank, seq): its typed parts, plus
-    the journalled events of a crashed run that no typed part holds yet."""
-    parts = [
-        p for p in live_parts(run_dir, read_manifests(run_dir)) if p.parts[-3] == f"type={tag}"
-    ]
+    """Rows of one event type (all ranks), ordered by (rank, seq), from its live parts."""
+    type_dir = run_dir / "events" / f"type={tag}"
+    ranks = sorted(type_dir.glob("rank=*")) if type_dir.is_dir() else []
+    parts = [p.path for rank_dir in ranks for p in live_parts(rank_dir)]
     rows = pl.read_parquet(parts).to_dicts() if parts else []
-    for rank in journal_ranks(run_dir):
-        typed_max = max((r["seq"] for r in rows if r["rank"] == rank), default=-1)
-        events = [e for path in journal_parts(run_dir, rank) for e in read_journal(path)]
-        rows += [as_row(e) for e in unconverted(events, lambda _t, m=typed_max: m).get(tag, [])]
     return sorted(rows, key=lambda r: (r["rank"], r["seq"]))
 
 
@@ -163,17 +156,3 @@ def wait_for(predicate: Callable[[], object], what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
-
-
-def bare_manifest(run_id: str) -> Manifest:
-    """A new rank-0 manifest with neutral settings (for compaction tests without a hub)."""
-    return new_manifest(
-        run_id=run_id,
-        rank=0,
-        schema_version=1,
-        config_hash="",
-        parent_run_id="",
-        level="normal",
-        flush_interval_s=1.0,
-        first_seq=0,
-    )

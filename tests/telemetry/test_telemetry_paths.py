@@ -10,7 +10,7 @@ import pytest
 from esper.core.enums import TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.hub import open_run
-from esper.telemetry.paths import part_name, part_number, resolve_run_dir, validate_run_id
+from esper.telemetry.paths import parse_part, part_name, resolve_run_dir, validate_run_id
 
 BAD_IDS = [
     "",
@@ -57,7 +57,11 @@ def test_symlink_escape_is_rejected(tmp_path: Path) -> None:
 
 
 def test_part_names_round_trip() -> None:
-    assert part_name(7) == "part-000007.parquet"
-    assert part_number(part_name(1234567)) == 1234567
-    assert part_number(".part-000001.parquet.tmp") is None
-    assert part_number("part-1.parquet.bak") is None
+    name = part_name(7, 1234567)
+    assert name == "part-000000000007-000001234567.parquet"
+    part = parse_part(Path(name))
+    assert part is not None and (part.first, part.last) == (7, 1234567)
+    legacy = parse_part(Path("part-000001.parquet"))  # schema 1-2 names: no range
+    assert legacy is not None and legacy.first is None
+    assert parse_part(Path(f".{name}.tmp")) is None
+    assert parse_part(Path("part-1.parquet.bak")) is None

@@ -1,27 +1,27 @@
-"""Resume continues seq at the checkpoint position and part numbers after the last."""
+"""Resume cuts the old tail at the checkpoint position, continues seq, and leaves one
+merged file per type."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
+import pytest
 from _telemetry_support import all_seqs, minimal_event, read_type
 
 from esper.core.enums import RunStatus, TelemetryLevel
+from esper.errors import UserError
 from esper.telemetry import events as ev
 from esper.telemetry.hub import open_run
 from esper.telemetry.manifest import read_manifest
-from esper.telemetry.paths import list_parts, manifest_path, part_number, type_rank_dir
+from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
 from esper.telemetry.sink import ParquetSink
 
 
-class RecordingSink(ParquetSink):
-    def __init__(self) -> None:
-        self.written: list[Path] = []
+class CrashBeforeDeleteSink(ParquetSink):
+    """Writes a file, then 'dies' before deleting what it replaces."""
 
-    def write_table(self, table: pa.Table, path: Path) -> int:
-        self.written.append(path)
-        return super().write_table(table, path)
+    def remove(self, path: Path) -> None:
+        raise RuntimeError("simulated crash")
 
 
 def _step(i: int) -> ev.Event:
@@ -36,9 +36,7 @@ def test_resume_truncates_the_old_tail_and_continues(tmp_path: Path) -> None:
                 checkpoint_seq = hub.next_seq  # what a checkpoint stores
     assert hub.run_dir is not None and checkpoint_seq == 80
     directory = type_rank_dir(hub.run_dir, "env_step", 0)
-    highest_before = list_parts(directory)[-1][0]
 
-    sink = RecordingSink()
     with open_run(
         tmp_path,
         "res",
@@ -46,14 +44,14 @@ def test_resume_truncates_the_old_tail_and_continues(tmp_path: Path) -> None:
         resume=True,
         start_seq=checkpoint_seq,
         config_hash="def",
-        sink=sink,
     ) as hub2:
         assert hub2.next_seq == 80
+        (cut,) = list_parts(directory)  # the old tail cut and merged into one file
+        assert (cut.first, cut.last) == (0, 79)
+        assert not list_parts(type_rank_dir(hub.run_dir, "writer_stats", 0))
         for i in range(80, 130):
             hub2.emit(_step(i))
         hub2.flush()
-    first_new = part_number(next(p for p in sink.written if p.parent == directory).name)
-    assert first_new is not None and first_new > highest_before
 
     rows = read_type(hub.run_dir, "env_step")
     assert [r["step"] for r in rows] == list(range(130))
@@ -79,8 +77,9 @@ def test_resume_leaves_other_ranks_in_flight_parts_alone(tmp_path: Path) -> None
         ) as hub:
             hub.emit(_step(0))
     assert hub.run_dir is not None
-    in_flight = type_rank_dir(hub.run_dir, "env_step", 1) / ".part-000009.parquet.tmp"
-    stale = type_rank_dir(hub.run_dir, "env_step", 0) / ".part-000009.parquet.tmp"
+    name = f".{part_name(9, 9)}.tmp"
+    in_flight = type_rank_dir(hub.run_dir, "env_step", 1) / name
+    stale = type_rank_dir(hub.run_dir, "env_step", 0) / name
     for path in (in_flight, stale):
         path.write_bytes(b"half a part")
     with open_run(
@@ -89,3 +88,41 @@ def test_resume_leaves_other_ranks_in_flight_parts_alone(tmp_path: Path) -> None
         hub0.emit(_step(1))
     assert in_flight.read_bytes() == b"half a part"
     assert not stale.exists()
+
+
+def test_a_crash_during_the_cut_is_settled_by_the_next_resume(tmp_path: Path) -> None:
+    with open_run(tmp_path, "cut", level=TelemetryLevel.NORMAL) as hub:
+        for i in range(10):
+            hub.emit(_step(i))
+    assert hub.run_dir is not None
+    directory = type_rank_dir(hub.run_dir, "env_step", 0)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        open_run(
+            tmp_path, "cut", level=TelemetryLevel.NORMAL, resume=True, start_seq=5,
+            sink=CrashBeforeDeleteSink(),
+        )  # fmt: skip
+    # The cut part (seq 0-4) lies inside its uncut input (0-9): the input is live.
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(10))
+    with open_run(tmp_path, "cut", level=TelemetryLevel.NORMAL, resume=True, start_seq=5):
+        pass
+    assert [p.path.name for p in list_parts(directory)] == [part_name(0, 4)]
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(5))
+
+
+def test_a_manifest_of_another_run_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    with open_run(tmp_path, "mine", level=TelemetryLevel.NORMAL) as hub:
+        hub.emit(_step(0))
+    run_dir = hub.run_dir
+    assert run_dir is not None
+    path = manifest_path(run_dir, 0)
+    path.write_text(path.read_text().replace('"run_id": "mine"', '"run_id": "theirs"'))
+
+    def files() -> dict[Path, bytes]:  # the run's data (not its lock file's owner record)
+        return {
+            p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.suffix != ".lock"
+        }
+
+    before = files()
+    with pytest.raises(UserError, match="belongs to run 'theirs', not 'mine'"):
+        open_run(tmp_path, "mine", level=TelemetryLevel.NORMAL, resume=True, start_seq=1)
+    assert files() == before

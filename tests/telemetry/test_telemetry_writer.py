@@ -1,15 +1,18 @@
-"""Writer guarantees: back-pressure without loss, drops counted, errors surfaced,
-crash-safe compaction."""
+"""Writer guarantees: back-pressure without loss, drops counted, errors surfaced, one
+storage form (typed parts any Parquet reader sees), merges that bound the file count and
+never lose, duplicate or re-encode damaged data."""
 
 from __future__ import annotations
 
 import errno
+import random
 import shutil
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,24 +20,28 @@ from _telemetry_support import all_seqs, minimal_event, read_type
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
-from esper.telemetry.compaction import live_parts, recover_pending
 from esper.telemetry.events import EVENT_TYPES
 from esper.telemetry.hub import TelemetryHub, open_run
-from esper.telemetry.journal import JOURNAL_DIR
-from esper.telemetry.manifest import read_manifest, read_manifests, write_manifest
+from esper.telemetry.liveness import live_parts, superseded
+from esper.telemetry.manifest import read_manifest
 from esper.telemetry.paths import list_parts, manifest_path, type_rank_dir
-from esper.telemetry.sink import ParquetSink
-from esper.telemetry.writer import ROLLING_COMPACT_PARTS, TelemetryWriteError
+from esper.telemetry.sink import ParquetSink, read_verified
+from esper.telemetry.writer import MERGE_FANIN, TelemetryWriteError, merge_start, wake_period
 
 WRITE_DELAY_S = 0.03
+#: A day of writes at the default one-second flush interval, and the file count it must
+#: stay under.
+DAY_FLUSHES = round(24 * 3600 / wake_period(1.0))
+MAX_FILES_PER_DAY = 5_000
+TRAILER = 8  # Parquet footer length + "PAR1"
 
 
 class SlowSink(ParquetSink):
     """A disk that takes WRITE_DELAY_S per part file."""
 
-    def write_table(self, table: pa.Table, path: Path) -> int:
+    def write_part(self, table: pa.Table, path: Path) -> int:
         time.sleep(WRITE_DELAY_S)
-        return super().write_table(table, path)
+        return super().write_part(table, path)
 
 
 class DiskFullSink(ParquetSink):
@@ -50,22 +57,19 @@ class DiskFullSink(ParquetSink):
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
             self.ok_writes -= 1
 
-    def write_table(self, table: pa.Table, path: Path) -> int:
+    def write_part(self, table: pa.Table, path: Path) -> int:
         self._use_one(path)
-        return super().write_table(table, path)
+        return super().write_part(table, path)
 
-    def write_tables(self, tables: Iterable[pa.Table], schema: pa.Schema, path: Path) -> int:
+    def write_merged(self, tables: Iterable[pa.Table], schema: pa.Schema, path: Path) -> int:
         self._use_one(path)
-        return super().write_tables(tables, schema, path)
+        return super().write_merged(tables, schema, path)
 
 
 class CrashBeforeDeleteSink(ParquetSink):
-    """Writes the merged file, then 'dies' before deleting the inputs (journal parts,
-    which conversions delete, go as usual)."""
+    """Writes a merged file, then 'dies' before deleting its inputs."""
 
     def remove(self, path: Path) -> None:
-        if JOURNAL_DIR in path.parts:
-            return super().remove(path)
         raise RuntimeError("simulated crash between writing the merge and deleting inputs")
 
 
@@ -73,22 +77,19 @@ def _step(i: int) -> ev.Event:
     return minimal_event(ev.EnvStep, step=i)
 
 
-#: Both emit paths: the native fast path (where built) and the hub's Python path.
-BOTH_PATHS = pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def _scribble(path: Path, rng: random.Random, n: int = 64) -> None:
+    """Overwrite ``n`` random bytes somewhere in the data pages (the footer stays)."""
+    data = bytearray(path.read_bytes())
+    footer = pq.read_metadata(path).serialized_size + TRAILER
+    start = rng.randrange(4, len(data) - footer - n)
+    data[start : start + n] = rng.randbytes(n)
+    path.write_bytes(bytes(data))
 
 
-@BOTH_PATHS
-def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(
-    tmp_path: Path, native: bool
-) -> None:
+def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(tmp_path: Path) -> None:
     n = 2000
     hub = open_run(
-        tmp_path,
-        "slow",
-        level=TelemetryLevel.NORMAL,
-        queue_capacity=100,
-        sink=SlowSink(),
-        native=native,
+        tmp_path, "slow", level=TelemetryLevel.NORMAL, queue_capacity=100, sink=SlowSink()
     )
     with hub:
         for i in range(n):
@@ -104,8 +105,7 @@ def test_full_queue_blocks_loses_nothing_and_reports_blocked_time(
     assert manifest.counts["env_step"] == n and manifest.status == "finished"
 
 
-@BOTH_PATHS
-def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path, native: bool) -> None:
+def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path) -> None:
     n = 2000
     hub = open_run(
         tmp_path,
@@ -114,7 +114,6 @@ def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path, nat
         queue_capacity=50,
         drop_when_full=True,
         sink=SlowSink(),
-        native=native,
     )
     with hub:
         for i in range(n):
@@ -129,13 +128,8 @@ def test_drop_policy_counts_every_drop_and_keeps_seq_gapless(tmp_path: Path, nat
     assert sorted(seqs) == list(range(len(seqs)))
 
 
-@BOTH_PATHS
-def test_output_directory_turning_into_a_file_is_a_clear_error(
-    tmp_path: Path, native: bool
-) -> None:
-    hub = open_run(
-        tmp_path, "gone", level=TelemetryLevel.NORMAL, flush_interval_s=0.05, native=native
-    )
+def test_output_directory_turning_into_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    hub = open_run(tmp_path, "gone", level=TelemetryLevel.NORMAL, flush_interval_s=0.05)
     hub.emit(_step(0))
     hub.flush()
     assert hub.run_dir is not None
@@ -166,7 +160,7 @@ def test_disk_full_reaches_flush_and_close(tmp_path: Path) -> None:
     hub.emit(_step(1))
     with pytest.raises(TelemetryWriteError, match="No space left on device") as info:
         hub.flush()
-    assert "type=env_step/rank=0/part-000001.parquet" in str(info.value)
+    assert "type=env_step/rank=0/part-000000000001-000000000001.parquet" in str(info.value)
     assert isinstance(info.value.__cause__, OSError)
     with pytest.raises(TelemetryWriteError, match="No space left"):
         hub.close()
@@ -181,32 +175,58 @@ def test_writer_error_is_raised_from_the_with_block(tmp_path: Path) -> None:
     assert hub.closed
 
 
-def test_rolling_compaction_bounds_the_number_of_files(tmp_path: Path) -> None:
+def test_every_flush_is_typed_parquet_any_reader_sees(tmp_path: Path) -> None:
+    """No journal, nothing held: after each flush DuckDB reads every event so far from
+    ``events/**`` (seq contiguous); after the close each type is one zstd file."""
+    hub = open_run(tmp_path, "open", level=TelemetryLevel.NORMAL, flush_interval_s=60.0)
+    assert hub.run_dir is not None
+    glob = f"{hub.run_dir}/events/**/*.parquet"
+    for i in range(3):
+        for event in (_step(i), minimal_event(ev.ActionTaken, step=i)):
+            hub.emit(event)
+        hub.flush()
+        query = f"SELECT type, seq FROM read_parquet('{glob}', hive_partitioning=true) ORDER BY seq"
+        rows = duckdb.sql(query).fetchall()
+        assert [seq for _, seq in rows] == list(range(2 * (i + 1)))
+        assert {t for t, _ in rows} == {"env_step", "action_taken"}
+    hub.close()
+    for tag in ("env_step", "action_taken", "writer_stats"):
+        (part,) = list_parts(type_rank_dir(hub.run_dir, tag, 0))
+        assert pq.read_metadata(part.path).row_group(0).column(0).compression == "ZSTD"
+    assert sorted(all_seqs(hub.run_dir)) == list(range(7))
+
+
+def test_merges_bound_the_file_count_of_a_day_long_run() -> None:
+    """The merge rule (a counter with MERGE_FANIN digits), run for the writes
+    of 24 hours: every type keeps few files, all types together well under 5,000."""
+    levels: list[int] = []
+    most = 0
+    for _ in range(DAY_FLUSHES):
+        levels.append(0)
+        while (start := merge_start(levels)) is not None:
+            levels[start:] = [levels[-1] + 1]
+        most = max(most, len(levels))
+    assert most * len(EVENT_TYPES) < MAX_FILES_PER_DAY
+    assert most <= (MERGE_FANIN - 1) * 4
+
+
+def test_merges_during_the_run_keep_every_event_once(tmp_path: Path) -> None:
     hub = open_run(tmp_path, "roll", level=TelemetryLevel.NORMAL)
     assert isinstance(hub, TelemetryHub) and hub.run_dir is not None
     directory = type_rank_dir(hub.run_dir, "env_step", 0)
-    for i in range(ROLLING_COMPACT_PARTS + 2):
+    flushes = MERGE_FANIN * 2 + 3
+    for i in range(flushes):
         hub.emit(_step(i))
         hub.flush()
-    assert len(list_parts(directory)) <= 3
-    assert hub.manifest_counters.compactions == 1
-    (_, rolled), *_ = list_parts(directory)
-    rolled_mtime = rolled.stat().st_mtime_ns
+    assert len(list_parts(directory)) == 2 + 3  # two merged files, three parts
+    assert hub.manifest_counters.compactions >= 2
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(flushes))
     hub.close()
-    # Close merges only the stretch since the last rolling compaction: the earlier
-    # compacted file is not rewritten, and the closed run is all zstd.
-    parts = list_parts(directory)
-    assert len(parts) == 2
-    assert parts[0][1] == rolled and rolled.stat().st_mtime_ns == rolled_mtime
-    for _, path in parts:
-        meta = pq.read_metadata(path)
-        assert meta.row_group(0).column(0).compression == "ZSTD"
-    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(
-        range(ROLLING_COMPACT_PARTS + 2)
-    )
+    assert len(list_parts(directory)) == 1
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(flushes))
 
 
-def test_interrupted_compaction_neither_loses_nor_duplicates(tmp_path: Path) -> None:
+def test_a_crash_between_a_merge_and_its_deletes_duplicates_nothing(tmp_path: Path) -> None:
     hub = open_run(tmp_path, "cmp", level=TelemetryLevel.NORMAL, sink=CrashBeforeDeleteSink())
     for i in range(3):
         hub.emit(_step(i))
@@ -215,39 +235,26 @@ def test_interrupted_compaction_neither_loses_nor_duplicates(tmp_path: Path) -> 
         hub.close()
     assert hub.run_dir is not None
     directory = type_rank_dir(hub.run_dir, "env_step", 0)
-    on_disk = [p.name for _, p in list_parts(directory)]
-    assert len(on_disk) == 4  # three inputs + the merged output, all complete
-    manifests = read_manifests(hub.run_dir)
-    # The close merges every type under one intent save: env_step's and writer_stats'.
-    records = manifests[0].pending_compactions
-    assert sorted(r.event_type for r in records) == ["env_step", "writer_stats"]
-    (pending,) = [r for r in records if r.event_type == "env_step"]
-    assert pending.output == f"type=env_step/rank=0/{on_disk[-1]}"
+    parts = list_parts(directory)
+    assert len(parts) == 4  # three inputs + the merged output, all complete
+    merged = max(parts, key=lambda p: (p.last or 0) - (p.first or 0))
+    assert superseded(parts) == {p.path for p in parts} - {merged.path}
+    assert [p.path for p in live_parts(directory)] == [merged.path]
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
-    live = [p.name for p in live_parts(hub.run_dir, manifests) if p.parent == directory]
-    assert live == [on_disk[-1]]
-
-    manifest = manifests[0]
-    path = manifest_path(hub.run_dir, 0)
-    recover_pending(hub.run_dir, manifest, ParquetSink(), lambda m: write_manifest(path, m))
-    assert [p.name for _, p in list_parts(directory)] == [on_disk[-1]]
-    assert read_manifest(path).pending_compactions == []
 
 
 class ScribblingSink(ParquetSink):
     """Damages every per-flush part right after writing it (merged files stay intact)."""
 
-    def write_table(self, table: pa.Table, path: Path) -> int:
-        size = super().write_table(table, path)
-        data = bytearray(path.read_bytes())
-        data[4:36] = bytes(32)  # inside the first column chunk's data
-        path.write_bytes(bytes(data))
+    def write_part(self, table: pa.Table, path: Path) -> int:
+        size = super().write_part(table, path)
+        _scribble(path, random.Random(path.name))
         return size
 
 
-def test_the_close_merge_rewrites_fresh_parts_from_memory(tmp_path: Path) -> None:
-    """The writer merges the tables it wrote, not the files read back: a part damaged on
-    disk after it was written still ends as the right rows in the merged file."""
+def test_parts_are_merged_from_the_tables_the_writer_holds(tmp_path: Path) -> None:
+    """A part damaged on disk after it was written still ends as the right rows in the
+    merged file: the writer merges the tables it wrote, not the files read back."""
     with open_run(tmp_path, "held", level=TelemetryLevel.NORMAL, sink=ScribblingSink()) as hub:
         for i in range(30):
             hub.emit(minimal_event(EVENT_TYPES["env_step"], step=i))
@@ -257,12 +264,24 @@ def test_the_close_merge_rewrites_fresh_parts_from_memory(tmp_path: Path) -> Non
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(30))
 
 
-def test_compacted_files_use_dictionaries_only_on_strings_and_envelope_integers(
+def test_damaged_files_are_never_read_back_into_a_merge(tmp_path: Path) -> None:
+    """Merged files carry page checksums, and every file a merge reads back (merged
+    files, a resume's parts) is read with them verified."""
+    table = pa.table({"seq": pa.array(range(4000), pa.int64()), "x": [i / 7 for i in range(4000)]})
+    merged = tmp_path / "merged.parquet"
+    ParquetSink().write_merged([table], table.schema, merged)
+    assert pa.concat_tables(read_verified(merged)).equals(table)
+    for trial in range(10):
+        copy = tmp_path / f"copy-{trial}.parquet"
+        shutil.copy(merged, copy)
+        _scribble(copy, random.Random(trial))
+        with pytest.raises(OSError):
+            list(read_verified(copy))
+
+
+def test_merged_files_use_dictionaries_only_on_strings_and_envelope_integers(
     tmp_path: Path,
 ) -> None:
-    """Strings and the envelope's few-valued integers are dictionary-encoded; other
-    numbers get no dictionary, where one costs (seq and timestamps are delta-encoded,
-    payload values plain)."""
     rows = 3_000
     table = pa.table(
         {
@@ -274,7 +293,7 @@ def test_compacted_files_use_dictionaries_only_on_strings_and_envelope_integers(
         }
     )
     path = tmp_path / "part.parquet"
-    ParquetSink().write_tables([table], table.schema, path)
+    ParquetSink().write_merged([table], table.schema, path)
     chunks = pq.read_metadata(path).row_group(0)
     encodings = {
         chunks.column(i).path_in_schema: chunks.column(i).encodings
@@ -282,4 +301,5 @@ def test_compacted_files_use_dictionaries_only_on_strings_and_envelope_integers(
     }
     dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
     assert dictionary == {"round", "step", "op"}
+    assert "DELTA_BINARY_PACKED" in encodings["seq"]
     assert pq.read_table(path).equals(table)

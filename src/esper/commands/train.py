@@ -197,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
 def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
     if args.continue_run and not args.resume:
         raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
+    if args.continue_run and not os.path.exists(args.resume):
+        raise UserError(
+            f"checkpoint not found: {args.resume}; a run stopped before its first checkpoint "
+            "completed no round: run the same command without --resume and --continue-run "
+            "(the same --run-id) to restart it"
+        )
     base = None
     if args.resume and not args.config:  # the checkpoint's own config; flags override it
         from esper.training.checkpoint import checkpoint_config  # imports torch

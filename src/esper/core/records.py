@@ -11,6 +11,7 @@ masquerades as "measured zero".
 from __future__ import annotations
 
 import math
+from typing import Final
 
 import msgspec
 
@@ -24,6 +25,8 @@ from esper.core.enums import (
     RollbackReason,
     SeedStage,
 )
+from esper.telemetry.events import REWARD_COMPONENTS as REWARD_COMPONENTS
+from esper.telemetry.events import PpoUpdate, RewardComputed
 
 NAN = math.nan
 
@@ -144,29 +147,13 @@ LifecycleRecord = (
 # --- Learning components ---------------------------------------------------------------
 
 
-class RewardBreakdown(msgspec.Struct, frozen=True, kw_only=True):
-    """One field per component; ``total`` is always the exact sum of the components.
-
-    Build it with :func:`make_breakdown` so the invariant cannot be broken by hand.
-    """
-
-    attribution: float = 0.0
-    stage_shaping: float = 0.0
-    rent: float = 0.0
-    alpha_shock: float = 0.0
-    germinate_cost: float = 0.0
-    fossilize_bonus: float = 0.0
-    prune_penalty: float = 0.0
-    invalid_penalty: float = 0.0
-    loss_delta: float = 0.0
-    terminal: float = 0.0
-    rollback_penalty: float = 0.0
-    total: float = 0.0
-
-
-REWARD_COMPONENTS: tuple[str, ...] = tuple(
-    f for f in RewardBreakdown.__struct_fields__ if f != "total"
-)
+#: A step's reward: one field per component, and ``total``, always their exact sum. It
+#: is the ``reward_computed`` event itself (the recorder adds the family, op and
+#: normalized value, and the envelope), so its fields are declared once. Build it with
+#: :func:`make_breakdown` so the invariant cannot be broken by hand.
+RewardBreakdown = RewardComputed
+#: One PPO update's metrics: the ``ppo_update`` event itself (the recorder sets its round).
+PPOMetrics = PpoUpdate
 
 
 def make_breakdown(**components: float) -> RewardBreakdown:
@@ -177,7 +164,10 @@ def make_breakdown(**components: float) -> RewardBreakdown:
     total = 0.0
     for name in REWARD_COMPONENTS:
         total += components.get(name, 0.0)
-    return RewardBreakdown(**components, total=total)
+    return msgspec.structs.replace(_ZERO, **components, total=total)
+
+
+_ZERO: Final = RewardComputed()
 
 
 class RollbackRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -205,42 +195,3 @@ class CounterfactualRecord(msgspec.Struct, frozen=True, kw_only=True):
     all_off_acc: float = NAN
     n_configs: int = 1
     exact_shapley: bool = False
-
-
-class PPOMetrics(msgspec.Struct, frozen=True, kw_only=True):
-    """Result of one PPO update; the ``ppo_update`` event carries every field."""
-
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    entropy_op: float
-    entropy_slot: float
-    entropy_blueprint: float
-    entropy_style: float
-    entropy_tempo: float
-    entropy_alpha_target: float
-    entropy_alpha_speed: float
-    entropy_alpha_curve: float
-    clip_frac: float
-    clip_frac_op: float
-    clip_frac_slot: float
-    clip_frac_blueprint: float
-    clip_frac_style: float
-    clip_frac_tempo: float
-    clip_frac_alpha_target: float
-    clip_frac_alpha_speed: float
-    clip_frac_alpha_curve: float
-    approx_kl: float
-    explained_variance: float
-    grad_norm: float
-    lr: float
-    entropy_coef: float
-    epochs_run: int
-    minibatches: int
-    early_stopped: bool
-    skipped: bool
-    skip_reason: str
-    n_transitions: int
-    ratio_max: float
-    value_mean: float
-    return_mean: float

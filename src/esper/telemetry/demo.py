@@ -1,12 +1,15 @@
 """A deterministic synthetic training run, emitted through the real hub and writer.
 
-Until (and besides) the trainer, this produces a realistic run directory: several envs
-and rounds, seeds that germinate, advance through gates, blend, fossilize or get pruned,
-a governor rollback, PPO updates, an anomaly that escalates the level to ``debug`` for a
-bounded number of rounds, checkpoints, and rewards whose components sum to the total.
-Every event type of the catalogue appears with the default arguments. The numbers are
-synthetic (a seeded ``random.Random``), never measured; only timestamps vary between
-two runs with the same seed.
+Besides the trainer, this produces a realistic run directory: several envs and rounds,
+seeds that germinate, advance through gates, blend, fossilize or get pruned (the real
+lifecycle rules, :mod:`esper.telemetry.demo_env`), governor rollbacks, PPO updates, an
+anomaly that escalates the level to ``debug`` for a bounded number of rounds,
+checkpoints, and rewards whose components sum to the total. Every event type of the
+catalogue appears with the default arguments. It is the one simulator of the project:
+``esper telemetry-demo`` and the analysis layer's synthetic runs
+(:func:`esper_analysis.synth.synthesize_run`, the benchmarks' 10M-event run) both run
+it. The numbers are synthetic (a seeded ``random.Random``), never measured; only
+timestamps vary between two runs with the same seed.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class DemoSettings:
     seed: int = 0
     level: TelemetryLevel = TelemetryLevel.NORMAL
     flush_interval_s: float = 0.5
+    #: Chance that an episode has a governor rollback at a random step, besides the
+    #: scripted one (round 1, env 0).
+    rollback_p: float = 0.0
+    #: Stop after the round in which this many events were emitted (0: no limit).
+    max_events: int = 0
 
 
 def run_demo(
@@ -84,7 +92,7 @@ def run_demo(
         flush_interval_s=settings.flush_interval_s,
     )
     with hub:
-        _DemoRun(hub, settings).run(started)
+        emit_demo(hub, settings, started)
     counts: dict[str, int] = {}
     for manifest in read_manifests(run_dir) if run_dir.exists() else []:
         for tag, n in manifest.counts.items():
@@ -92,6 +100,12 @@ def run_demo(
     return DemoResult(
         run_dir=run_dir, counts=dict(sorted(counts.items())), events_emitted=hub.events_emitted
     )
+
+
+def emit_demo(hub: Hub, settings: DemoSettings, started: float | None = None) -> None:
+    """Emit the synthetic run into an open hub (the caller closes it); ``started``: the
+    ``perf_counter`` its wall time counts from (default: now)."""
+    _DemoRun(hub, settings).run(time.perf_counter() if started is None else started)
 
 
 class _DemoRun:
@@ -107,15 +121,17 @@ class _DemoRun:
 
     def run(self, started: float) -> None:
         self._run_started()
-        for rnd in range(self.s.rounds):
-            self._round(rnd)
-        self._final_evaluation()
+        rounds = 0
+        while rounds < self.s.rounds and not 0 < self.s.max_events <= self.hub.events_emitted:
+            self._round(rounds)
+            rounds += 1
+        self._final_evaluation(rounds)
         wall = time.perf_counter() - started
-        env_steps = self.s.rounds * self.s.steps * self.s.envs
+        env_steps = rounds * self.s.steps * self.s.envs
         self.hub.emit(
             ev.RunFinished(
                 status=RunStatus.FINISHED.value,
-                rounds_completed=self.s.rounds,
+                rounds_completed=rounds,
                 env_steps=env_steps,
                 wall_s=wall,
                 eps=env_steps / wall if wall > 0 else float("nan"),
@@ -173,10 +189,14 @@ class _DemoRun:
             )
         )
         envs = [DemoEnv(self.hub, self.rng, rnd, env, CNN_BLUEPRINTS) for env in range(self.s.envs)]
+        panics = {(0, self.s.steps // 2)} if rnd == ROLLBACK_ROUND else set()
+        if self.s.rollback_p > 0:
+            for i in range(self.s.envs):
+                if self.rng.random() < self.s.rollback_p:
+                    panics.add((i, self.rng.randrange(self.s.steps)))
         for step in range(self.s.steps):
             for env in envs:
-                panic = rnd == ROLLBACK_ROUND and env.env == 0 and step == self.s.steps // 2
-                env.step(step, panic=panic)
+                env.step(step, panic=(env.env, step) in panics)
         self.rollbacks += sum(e.rollbacks for e in envs)
         rewards, accs = [], []
         for env in envs:
@@ -283,11 +303,11 @@ class _DemoRun:
             )
         )
 
-    def _final_evaluation(self) -> None:
+    def _final_evaluation(self, rounds: int) -> None:
         """Reload the best checkpoint for the final evaluation (as a trainer would)."""
         self.hub.emit(
             ev.CheckpointLoaded(
-                round=self.s.rounds - 1,
+                round=rounds - 1,
                 path=f"checkpoints/round-{self.best_round:04d}.pt",
                 next_round=self.best_round + 1,
                 parent_run_id="",

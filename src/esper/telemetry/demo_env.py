@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
+
 from esper.core.constants import (
     ALPHA_TARGETS,
     EMBARGO_EPOCHS,
@@ -460,14 +462,14 @@ class DemoEnv:
         )
         self._pending_penalty = 0.0
         self.episode_reward += breakdown.total
-        self.hub.emit(
-            ev.RewardComputed(
+        self.hub.emit(  # the breakdown is the event, with its context
+            msgspec.structs.replace(
+                breakdown,
                 round=self.rnd,
                 env=self.env,
                 step=step,
                 family=RewardFamily.CONTRIBUTION.value,
                 op=op.name,
-                **{f: getattr(breakdown, f) for f in breakdown.__struct_fields__},
                 normalized=breakdown.total / 2.0,
             )
         )

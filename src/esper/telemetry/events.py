@@ -12,15 +12,16 @@ regenerate ``schemas/`` (``esper schemas --write``).
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import msgspec
 
 from esper.core.enums import TelemetryLevel
 
-#: 2: run directories use the hive layout ``events/type=<type>/rank=<r>/``; the analysis
-#: layer still reads version 1 (``events/<type>/rank=<r>/``).
-SCHEMA_VERSION: Final = 2
+#: 2: run directories use the hive layout ``events/type=<type>/rank=<r>/``; 3: parts are
+#: named by their seq range, and runs have no journal. The analysis layer reads 1-3.
+SCHEMA_VERSION: Final = 3
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type"):
@@ -133,21 +134,29 @@ class ActionTaken(Event, tag="action_taken", frozen=True, gc=False, kw_only=True
 
 
 class RewardComputed(Event, tag="reward_computed", frozen=True, gc=False, kw_only=True):
-    family: str
-    op: str
-    attribution: float
-    stage_shaping: float
-    rent: float
-    alpha_shock: float
-    germinate_cost: float
-    fossilize_bonus: float
-    prune_penalty: float
-    invalid_penalty: float
-    loss_delta: float
-    terminal: float
-    rollback_penalty: float
-    total: float
-    normalized: float
+    """A step's reward. Training builds it as its reward breakdown
+    (:func:`esper.core.records.make_breakdown`); the recorder adds the context."""
+
+    family: str = ""
+    op: str = ""
+    attribution: float = 0.0
+    stage_shaping: float = 0.0
+    rent: float = 0.0
+    alpha_shock: float = 0.0
+    germinate_cost: float = 0.0
+    fossilize_bonus: float = 0.0
+    prune_penalty: float = 0.0
+    invalid_penalty: float = 0.0
+    loss_delta: float = 0.0
+    terminal: float = 0.0
+    rollback_penalty: float = 0.0
+    total: float = 0.0
+    normalized: float = math.nan
+
+
+_REWARD_FIELDS: Final = RewardComputed.__struct_fields__
+#: The reward components, in the reward's order: every field between ``op`` and ``total``.
+REWARD_COMPONENTS: Final = _REWARD_FIELDS[_REWARD_FIELDS.index("op") + 1 : -2]
 
 
 class CounterfactualComputed(
@@ -253,6 +262,8 @@ class EpisodeFinished(Event, tag="episode_finished", frozen=True, gc=False, kw_o
 
 
 class PpoUpdate(Event, tag="ppo_update", frozen=True, gc=False, kw_only=True):
+    """One PPO update; the learner returns it as its metrics (``core.records.PPOMetrics``)."""
+
     policy_loss: float
     value_loss: float
     entropy: float

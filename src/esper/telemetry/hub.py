@@ -1,10 +1,9 @@
 """The telemetry hub: the one object producers call, with an O(1) ``emit``.
 
 ``emit`` filters by level, stamps the envelope (``run_id``, ``seq``, ``ts_ns``,
-``rank``) in place and appends the event to the writer's bounded buffer: no encoding,
-no I/O, no device sync. Where the native fast path is built it is one C call, atomic
-under the GIL (:mod:`esper.telemetry.fast_emit`); otherwise Python under a lock.
-Filtering happens before stamping, so a filtered event never consumes a ``seq`` and
+``rank``) in place and appends the event to the writer's bounded buffer under a lock:
+no encoding, no I/O, no device sync (about half a microsecond). Filtering happens
+before stamping, so a filtered event never consumes a ``seq`` and
 ``seq`` has no gaps per run and rank. Everything else (Arrow conversion, Parquet, the
 manifest) happens in the writer thread (:mod:`esper.telemetry.writer`).
 
@@ -22,14 +21,13 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import Final, Self
 
 import msgspec
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
-from esper.telemetry.fast_emit import native_emitter
 from esper.telemetry.lock import RunLock, acquire_run_lock
 from esper.telemetry.manifest import WriterCounters, new_manifest
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
@@ -37,10 +35,7 @@ from esper.telemetry.resume import prepare_new, prepare_resume
 from esper.telemetry.sink import ParquetSink, PartSink
 from esper.telemetry.writer import EventWriter, TelemetryWriteError, writer_stats_event
 
-if TYPE_CHECKING:
-    from esper.telemetry._emit import Emitter
-
-DEFAULT_FLUSH_INTERVAL_S: Final = 0.5
+DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 DEFAULT_QUEUE_CAPACITY: Final = 65536
 #: Envelope value of ``seq`` before stamping; anything else means "already emitted".
 UNSTAMPED_SEQ: Final = -1
@@ -112,13 +107,8 @@ class Hub:
         )
         self.level = level
 
-    def flush(self, *, typed: bool = True) -> None:
-        """Block until every event emitted so far is durable (no-op for in-memory hubs).
-
-        ``typed=False`` lets them stay in the writer's journal instead of its typed parts
-        (:mod:`esper.telemetry.journal`): durable all the same, and much cheaper, which is
-        all a checkpoint needs.
-        """
+    def flush(self) -> None:
+        """Block until every event emitted so far is durable (no-op for in-memory hubs)."""
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         raise NotImplementedError
@@ -220,8 +210,8 @@ class DelegatingHub(Hub):
     def closed(self) -> bool:
         return self._inner.closed
 
-    def flush(self, *, typed: bool = True) -> None:
-        self._inner.flush(typed=typed)
+    def flush(self) -> None:
+        self._inner.flush()
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         self._inner.close(status, error)
@@ -241,9 +231,7 @@ class TelemetryHub(StampingHub):
         writer: EventWriter,
         drop_when_full: bool,
         run_lock: RunLock | None = None,
-        native: bool = True,
     ) -> None:
-        self._emitter: Emitter | None = None  # set below; the level setter consults it
         super().__init__(run_id, level=level, rank=rank, start_seq=start_seq)
         self.run_dir = run_dir
         self._writer = writer
@@ -252,40 +240,6 @@ class TelemetryHub(StampingHub):
         self._buf = writer.buffer
         self._capacity = writer.capacity
         self._drop = drop_when_full
-        self._emitter = (
-            None
-            if not native
-            else native_emitter(
-                buffer=writer.buffer,
-                capacity=writer.capacity,
-                run_id=run_id,
-                rank=rank,
-                start_seq=start_seq,
-                level=level,
-                slow=self._emit_checked,
-            )
-        )
-        if self._emitter is not None:
-            self.emit = self._emitter.emit  # type: ignore[method-assign]
-            self._push = self._emitter.push  # type: ignore[method-assign]
-            writer.on_fail = self._stop_fast_path
-
-    @property
-    def level(self) -> TelemetryLevel:
-        return self._level
-
-    @level.setter
-    def level(self, value: TelemetryLevel) -> None:
-        self._level = value
-        if self._emitter is not None:
-            self._emitter.level = int(value)
-
-    def enabled(self, level: TelemetryLevel) -> bool:
-        return level <= self._level
-
-    @property
-    def next_seq(self) -> int:
-        return self._seq if self._emitter is None else self._emitter.seq
 
     @property
     def manifest_counters(self) -> WriterCounters:
@@ -293,16 +247,15 @@ class TelemetryHub(StampingHub):
         return self._writer.counters
 
     def emit(self, event: Event) -> None:
-        """Filter, check, stamp and append: the Python path. With the native fast path
-        the instance's ``emit`` is ``Emitter.emit``, which hands every case it does not
-        handle itself to this method (as ``_emit_checked``)."""
+        """Filter, check, stamp and append (blocks while the buffer is full)."""
         try:
-            if _LEVELS[type(event)] > self._level:
+            if _LEVELS[type(event)] > self.level:
                 return
         except KeyError:
             raise _unknown_event(event) from None
         if self._closed or self._writer.error is not None:
-            self._raise_unusable()
+            self._writer.raise_if_failed()
+            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
         if event.seq != UNSTAMPED_SEQ:
             raise _already_emitted(event)
         with self._lock:
@@ -311,39 +264,17 @@ class TelemetryHub(StampingHub):
                     self._writer.counters.dropped += 1
                     return
                 self._writer.wait_for_room_locked()
-            self._push(event)
+            self._stamp(event)
+            self._buf.append(event)
 
-    _emit_checked = emit
-
-    def _push(self, event: Event) -> None:
-        """Stamp and append (``lock`` held); the native ``Emitter.push`` where built."""
-        self._stamp(event)
-        self._buf.append(event)
-
-    def _append_unfiltered(self, event: Event) -> None:
-        """Record ``event`` whatever the level (the final stats); blocks when full."""
-        with self._lock:
-            if len(self._buf) >= self._capacity:
-                self._writer.wait_for_room_locked()
-            self._push(event)
-
-    def _stop_fast_path(self) -> None:
-        """Closed, or the writer failed: every emit takes the Python path (which raises)."""
-        if self._emitter is not None:
-            self._emitter.open = False
-
-    def _raise_unusable(self) -> None:
-        self._writer.raise_if_failed()
-        raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
-
-    def flush(self, *, typed: bool = True) -> None:
+    def flush(self) -> None:
         if self._closed:
             self._writer.raise_if_failed()
             return
-        self._writer.flush(typed=typed)
+        self._writer.flush()
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
-        """Flush, record a final ``writer_stats`` event, compact, write the final manifest.
+        """Flush, record a final ``writer_stats`` event, merge, write the final manifest.
 
         Idempotent. Raises :class:`TelemetryWriteError` if the writer failed at any
         point (the manifest then says ``failed`` if it can still be written).
@@ -353,14 +284,16 @@ class TelemetryHub(StampingHub):
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
-            # Drained, not written: the close merges what is left straight into the
-            # final files (stop, then finalize), so it is encoded once.
-            writer.flush(typed=False, durable=False)
-            self._emit_writer_stats()
+            writer.flush(sync=False)  # the close's own fsync covers it
+            stats = writer_stats_event(writer.counters)  # recorded whatever the level
+            with self._lock:
+                if len(self._buf) >= self._capacity:
+                    writer.wait_for_room_locked()
+                self._stamp(stats)
+                self._buf.append(stats)
         except TelemetryWriteError as exc:
             failure = exc
         self._closed = True
-        self._stop_fast_path()
         _OPEN_HUBS.discard(self)
         try:
             writer.stop()
@@ -372,10 +305,6 @@ class TelemetryHub(StampingHub):
         failure = failure or writer.error
         if failure is not None:
             raise failure
-
-    def _emit_writer_stats(self) -> None:
-        """The final stats event is written whatever the current level."""
-        self._append_unfiltered(writer_stats_event(self._writer.counters))
 
 
 class NullHub(StampingHub):
@@ -460,7 +389,7 @@ def open_run(
     resume: bool = False,
     sink: PartSink | None = None,
     world_size: int = 1,
-    native: bool = True,
+    replace: bool = False,
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
@@ -468,7 +397,8 @@ def open_run(
     checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
     ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
-    ``native=False`` keeps ``emit`` on its Python path (to compare with the fast path).
+    ``replace=True`` discards this rank's telemetry first (the trainer's restart of a
+    run that completed no round, :func:`esper.telemetry.resume.check_new_run_dir`).
 
     The run's writer lock (:mod:`esper.telemetry.lock`) is taken first and held until
     :meth:`TelemetryHub.close`: while another live process writes the run (rank), this
@@ -480,90 +410,41 @@ def open_run(
         return NullHub(run_id, rank=rank, start_seq=start_seq)
     run_dir = resolve_run_dir(telemetry_dir, run_id)
     run_lock = acquire_run_lock(run_dir, rank=rank, run_id=run_id)
+    sink = sink or ParquetSink()
     try:
-        return _open_locked(
+        if resume:
+            manifest = prepare_resume(
+                run_dir, run_id=run_id, rank=rank, start_seq=start_seq, level=_level_name(level),
+                flush_interval_s=flush_interval_s, config_hash=config_hash, sink=sink,
+            )  # fmt: skip
+        else:
+            manifest = new_manifest(
+                run_id=run_id, rank=rank, schema_version=SCHEMA_VERSION, config_hash=config_hash,
+                parent_run_id=parent_run_id, level=_level_name(level),
+                flush_interval_s=flush_interval_s, first_seq=start_seq, world_size=world_size,
+            )  # fmt: skip
+            prepare_new(run_dir, manifest, replace=replace)
+        writer = EventWriter(
             run_dir,
-            run_id,
-            run_lock,
-            level=level,
-            rank=rank,
-            config_hash=config_hash,
+            manifest=manifest,
             flush_interval_s=flush_interval_s,
             queue_capacity=queue_capacity,
-            drop_when_full=drop_when_full,
-            start_seq=start_seq,
-            parent_run_id=parent_run_id,
-            resume=resume,
-            sink=sink or ParquetSink(),
-            world_size=world_size,
-            native=native,
+            sink=sink,
         )
+        hub = TelemetryHub(
+            run_id,
+            level=level,
+            rank=rank,
+            start_seq=start_seq,
+            run_dir=run_dir,
+            writer=writer,
+            drop_when_full=drop_when_full,
+            run_lock=run_lock,
+        )
+        writer.start()
     except BaseException:
         run_lock.release()
         raise
-
-
-def _open_locked(
-    run_dir: Path,
-    run_id: str,
-    run_lock: RunLock,
-    *,
-    level: TelemetryLevel,
-    rank: int,
-    config_hash: str,
-    flush_interval_s: float,
-    queue_capacity: int,
-    drop_when_full: bool,
-    start_seq: int,
-    parent_run_id: str,
-    resume: bool,
-    sink: PartSink,
-    world_size: int = 1,
-    native: bool = True,
-) -> TelemetryHub:
-    """:func:`open_run` once the writer lock is held: prepare the directory, start."""
-    if resume:
-        manifest = prepare_resume(
-            run_dir,
-            rank=rank,
-            start_seq=start_seq,
-            level=_level_name(level),
-            flush_interval_s=flush_interval_s,
-            config_hash=config_hash,
-            sink=sink,
-        )
-    else:
-        manifest = new_manifest(
-            run_id=run_id,
-            rank=rank,
-            schema_version=SCHEMA_VERSION,
-            config_hash=config_hash,
-            parent_run_id=parent_run_id,
-            level=_level_name(level),
-            flush_interval_s=flush_interval_s,
-            first_seq=start_seq,
-            world_size=world_size,
-        )
-        prepare_new(run_dir, manifest)
-    writer = EventWriter(
-        run_dir,
-        manifest=manifest,
-        flush_interval_s=flush_interval_s,
-        queue_capacity=queue_capacity,
-        sink=sink,
-    )
-    hub = TelemetryHub(
-        run_id,
-        level=level,
-        rank=rank,
-        start_seq=start_seq,
-        run_dir=run_dir,
-        writer=writer,
-        drop_when_full=drop_when_full,
-        run_lock=run_lock,
-        native=native,
-    )
-    writer.start()
     _OPEN_HUBS.add(hub)
     return hub
 

@@ -1,14 +1,10 @@
 """The run manifest: one small JSON file per run and rank, rewritten atomically.
 
-The writer rewrites it after every flush (tmp file + ``os.replace``), so a reader always
-sees a complete manifest that describes at least the part files already on disk. Its
-``heartbeat_ns`` advances every flush interval while the producer lives; a run whose
-status is still ``running`` but whose heartbeat is stale was killed (see
-:func:`effective_status`).
-
-``pending_compactions`` records a compaction *before* its output replaces the inputs, so
-a reader that finds the output file can skip the listed inputs (and a reader that
-deduplicates on ``(rank, seq)`` is correct in every case).
+The writer rewrites it after every write of parts (tmp file + ``os.replace``), so a
+reader always sees a complete manifest whose counts describe parts already on disk (the
+parts may hold newer events: ``seq > last_seq``). Its ``heartbeat_ns`` advances while the
+producer lives; a ``running`` manifest with a stale heartbeat or a dead pid belongs to a
+killed run (:func:`esper.telemetry.liveness.manifest_status`).
 """
 
 from __future__ import annotations
@@ -17,25 +13,19 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Final
 
 import msgspec
 
 from esper.core.enums import RunStatus
+from esper.telemetry.liveness import manifest_status
 from esper.telemetry.paths import manifest_paths, tmp_path_for
-
-#: A ``running`` manifest whose heartbeat is older than this many flush intervals
-#: (and at least :data:`MIN_STALE_S`) belongs to a dead producer.
-STALE_INTERVALS: Final = 10
-MIN_STALE_S: Final = 5.0
-NS_PER_S: Final = 1_000_000_000
 
 
 class WriterCounters(msgspec.Struct, kw_only=True):
     """Cumulative writer statistics (also emitted as the final ``writer_stats`` event)."""
 
     events_written: int = 0
-    #: Bytes of the journal parts and typed parts written (merged files not counted).
+    #: Bytes of every part and merged file written.
     bytes_written: int = 0
     flushes: int = 0
     max_queue_depth: int = 0
@@ -47,14 +37,6 @@ class WriterCounters(msgspec.Struct, kw_only=True):
     #: manifests), measured per thread: the writer thread's, plus the final merge that
     #: ``close`` runs. Manifest only (the ``writer_stats`` event's schema is unchanged).
     cpu_ns: int = 0
-
-
-class Compaction(msgspec.Struct, kw_only=True):
-    """One compaction of several parts of a ``<type>/rank=<r>`` directory into one."""
-
-    event_type: str
-    output: str
-    inputs: list[str]
 
 
 class ResumeRecord(msgspec.Struct, kw_only=True):
@@ -89,7 +71,6 @@ class Manifest(msgspec.Struct, kw_only=True):
     last_seq: int = -1
     counts: dict[str, int] = msgspec.field(default_factory=dict)
     writer: WriterCounters = msgspec.field(default_factory=WriterCounters)
-    pending_compactions: list[Compaction] = msgspec.field(default_factory=list)
     resumes: list[ResumeRecord] = msgspec.field(default_factory=list)
 
 
@@ -131,8 +112,7 @@ _encoder = msgspec.json.Encoder(order="sorted")
 def write_manifest(path: Path, manifest: Manifest) -> None:
     """Atomically replace ``path`` with ``manifest`` (readers never see half a file)."""
     tmp = tmp_path_for(path)
-    data = msgspec.json.format(_encoder.encode(manifest), indent=2) + b"\n"
-    tmp.write_bytes(data)
+    tmp.write_bytes(msgspec.json.format(_encoder.encode(manifest), indent=2) + b"\n")
     os.replace(tmp, path)
 
 
@@ -147,24 +127,6 @@ def read_manifests(run_dir: Path) -> list[Manifest]:
 
 def effective_status(manifest: Manifest, *, now_ns: int | None = None) -> RunStatus:
     """The manifest status, with a stale ``running`` reported as ``crashed``."""
-    status = RunStatus(manifest.status)
-    if status is not RunStatus.RUNNING:
-        return status
-    if manifest.hostname == socket.gethostname() and not pid_alive(manifest.pid):
-        return RunStatus.CRASHED
-    now = time.time_ns() if now_ns is None else now_ns
-    stale_s = max(MIN_STALE_S, STALE_INTERVALS * manifest.flush_interval_s)
-    if now - manifest.heartbeat_ns > stale_s * NS_PER_S:
-        return RunStatus.CRASHED
+    status = manifest_status(msgspec.structs.asdict(manifest), now_ns=now_ns)
+    assert status is not None  # a Manifest's status is always one of RunStatus
     return status
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (signal 0 probes only)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

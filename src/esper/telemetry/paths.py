@@ -1,10 +1,18 @@
-"""Where a run's telemetry lives on disk, and the checks that keep it there.
+"""Where a run's telemetry lives on disk, how its files are named, and which are live.
 
 Layout (hive-style, so polars, DuckDB and Spark read a fleet of runs unchanged)::
 
     <telemetry_dir>/<run_id>/manifest.json                 rank 0's manifest
     <telemetry_dir>/<run_id>/manifest-rank<r>.json         other ranks' manifests
-    <telemetry_dir>/<run_id>/events/type=<event_type>/rank=<r>/part-<n>.parquet
+    <telemetry_dir>/<run_id>/events/type=<t>/rank=<r>/part-<first seq>-<last seq>.parquet
+
+A part is named by the first and last ``seq`` it holds. Parts of one type and rank hold
+disjoint ``seq`` ranges, except for a moment during a merge: its output is renamed into
+place before its inputs are deleted, so a crash in between leaves the output beside
+inputs whose ranges lie inside it; one rule settles that case, for the writer (at
+resume) and every reader alike (:func:`esper.telemetry.liveness.superseded`). Runs
+written before schema version 3 name parts ``part-<n>.parquet`` (no range); readers fall
+back to their footers.
 
 A run id becomes a directory name, so it is validated before anything touches the disk:
 no separators, no ``..``, no absolute paths, and the resolved directory (symlinks
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -25,14 +34,12 @@ EVENTS_DIR: Final = "events"
 #: Prefix of the event-type directories since schema version 2 (hive partitioning).
 TYPE_DIR_PREFIX: Final = "type="
 MANIFEST_NAME: Final = "manifest.json"
-PART_PREFIX: Final = "part-"
-PART_SUFFIX: Final = ".parquet"
-#: Zero padding of part numbers, so lexical order is numeric order for typical runs.
-PART_DIGITS: Final = 6
+#: Zero padding of the seq numbers in part names, so lexical order is seq order.
+SEQ_DIGITS: Final = 12
 #: In-progress files start with a dot: hive readers (and our own globs) skip them.
 TMP_PREFIX: Final = "."
 TMP_SUFFIX: Final = ".tmp"
-_PART_RE: Final = re.compile(rf"{PART_PREFIX}(\d+){re.escape(PART_SUFFIX)}")
+_PART_RE: Final = re.compile(r"part-(\d+)(?:-(\d+))?\.parquet")
 
 
 def validate_run_id(run_id: str) -> str:
@@ -91,14 +98,32 @@ def type_rank_dir(run_dir: Path, event_type: str, rank: int) -> Path:
     return run_dir / EVENTS_DIR / type_dir_name(event_type) / f"rank={rank}"
 
 
-def part_name(number: int) -> str:
-    return f"{PART_PREFIX}{number:0{PART_DIGITS}d}{PART_SUFFIX}"
+def part_name(first_seq: int, last_seq: int) -> str:
+    """``part-<first>-<last>.parquet``: the part holds events of ``seq`` in that range."""
+    return f"part-{first_seq:0{SEQ_DIGITS}d}-{last_seq:0{SEQ_DIGITS}d}.parquet"
 
 
-def part_number(name: str) -> int | None:
-    """The number in ``part-<n>.parquet``, or None for any other file name."""
+@dataclass(frozen=True)
+class Part:
+    """A closed part file and the ``seq`` range its name states (None: a legacy name)."""
+
+    path: Path
+    first: int | None
+    last: int | None
+
+
+def parse_part(path: Path) -> Part | None:
+    """The part a file name describes: any ``*.parquet`` a hive reader would read (not
+    ``.``- or ``_``-prefixed: tmp files are not), with the range its name states (None
+    for other names), or None for anything else."""
+    name = path.name
+    if not name.endswith(".parquet") or name.startswith((TMP_PREFIX, "_")):
+        return None
     match = _PART_RE.fullmatch(name)
-    return int(match.group(1)) if match else None
+    if match is None or match.group(2) is None:
+        return Part(path, None, None)
+    first, last = int(match.group(1)), int(match.group(2))
+    return Part(path, first, last) if first <= last else Part(path, None, None)
 
 
 def tmp_path_for(path: Path) -> Path:
@@ -106,14 +131,10 @@ def tmp_path_for(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name}{TMP_SUFFIX}")
 
 
-def list_parts(directory: Path) -> list[tuple[int, Path]]:
-    """Closed part files in one ``<type>/rank=<r>`` directory, sorted by number."""
+def list_parts(directory: Path) -> list[Part]:
+    """Every closed part file in one ``type=<t>/rank=<r>`` directory, in ``seq`` order
+    (legacy names by name), superseded ones included."""
     if not directory.is_dir():
         return []
-    found = []
-    for entry in directory.iterdir():
-        number = part_number(entry.name)
-        if number is not None:
-            found.append((number, entry))
-    found.sort()
-    return found
+    found = [p for entry in directory.iterdir() if (p := parse_part(entry)) is not None]
+    return sorted(found, key=lambda p: (p.first is not None, p.first or 0, p.path.name))

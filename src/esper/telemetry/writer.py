@@ -1,37 +1,29 @@
-"""The background writer: drains the hub's buffer into Parquet off the critical path.
+"""The background writer: drains the hub's buffer into typed Parquet parts.
 
-Mechanism (crash safety). ``flush_interval_s`` is the durability bound: the writer
-thread wakes every half interval (:data:`WAKES_PER_INTERVAL`), swaps out the events
-buffered so far and writes them as *one small closed Parquet file*, a journal part
-(:mod:`esper.telemetry.journal`; written under a dot tmp name and renamed into place),
-then rewrites ``manifest.json`` atomically with the new counts, ``last_seq`` and a
-heartbeat. An event therefore sits only in memory for at most half an interval plus the
-time to write one batch, and a ``kill -9`` loses at most the events of the last flush
-interval: every earlier event is in a closed file.
+Durability. The writer thread wakes once per flush interval (default 1 s; a little
+early, :func:`wake_period`, so that the write itself lands within the interval), takes
+the events buffered so far and writes them, one part per event type
+(``events/type=<t>/rank=<r>/part-<first seq>-<last seq>.parquet``, written under a dot
+tmp name and renamed into place). Every event emitted more than one interval ago is
+therefore in a closed file that any Parquet reader sees: a ``kill -9`` loses at most
+the last interval. The manifest (counts, ``last_seq``, heartbeat) is rewritten every
+:data:`MANIFEST_EVERY_S`, and at each flush and the close; readers expect parts to hold
+events newer than the manifest's ``last_seq`` in a run that did not close. An idle
+writer writes nothing else. An explicit :meth:`EventWriter.flush` (the trainer's,
+before each checkpoint) writes at once and fsyncs what was written since the last one
+(:func:`esper.telemetry.sink.fsync_files`), so a checkpoint never points past events
+durable on disk.
 
-Typed parts. The writer keeps the journalled events and converts them, many flushes at
-once, into one typed part per event type (``events/type=<t>/rank=<r>/part-<n>.parquet``),
-then deletes the journal parts they cover: when :data:`CONVERT_PARTS` journal parts or
-:data:`CONVERT_EVENTS` events are pending, and on an explicit :meth:`EventWriter.flush`
-that asks for typed parts (the default; the trainer's checkpoint flush asks only for
-durability).
-
-Bursts and the close. A batch of at least :data:`DIRECT_EVENTS` events (a burst) skips
-the journal: it is converted to tables at once and *held*, with every later batch, until
-the hold comes due (the oldest held event has waited half a wake period, or the tables
-pin :data:`HOLD_BYTES`) or a flush asks; then everything pending is written as one typed
-part per type, so a held event is durable within the flush interval like a journalled
-one. On close nothing more is written as a part: what is pending or held goes straight
-into the final merge (one zstd file per type, with the parts since the last rolling
-merge), so a burst is Parquet-encoded once, and journal parts are deleted only after the
-merged files that hold their events are in place. A ``kill -9`` during the close can
-therefore lose only what was held (the events of the last flush interval).
-
-Too many small typed parts are merged as the run goes (every
-:data:`ROLLING_COMPACT_PARTS` parts), from the tables the writer still holds
-(:data:`FRESH_CACHE_BYTES`) rather than files read back; merges follow the intent-first
-protocol of :mod:`esper.telemetry.compaction`, so no event is ever lost or duplicated by
-a merge.
+Bounded file count. A flush's parts are merged as the run goes, like a counter
+with :data:`MERGE_FANIN` digits: once a type has that many files of one level, they
+are merged into one file of the next level (zstd; level-0 parts from the tables the
+writer still holds, higher levels read back with their checksums verified). A type
+then has at most ``(MERGE_FANIN - 1)`` files per level, and the levels grow with the
+logarithm of the writes: a 24-hour run at the default interval keeps under ~100 files
+per type (about 2,100 for the whole catalogue). A merge renames its output into place,
+then deletes its inputs; a crash in between is settled by the superseded-part rule
+(:mod:`esper.telemetry.liveness`).
+:meth:`EventWriter.finalize` (the close) merges each type into one file, on every core.
 
 Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
 producer blocks until the writer has drained it (lossless by default); blocked time and
@@ -45,13 +37,12 @@ Errors. Any exception in the writer thread is stored as :class:`TelemetryWriteEr
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import operator
+import os
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -59,73 +50,30 @@ import pyarrow as pa
 
 from esper.core.enums import RunStatus
 from esper.errors import EsperError
-from esper.telemetry.arrow_schema import event_schema, events_to_tables
-from esper.telemetry.compaction import Rewrite, merge, rewrite_many
+from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
-from esper.telemetry.journal import group_by_type, journal_rank_dir, journal_table
+from esper.telemetry.liveness import live_parts
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
-from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
-from esper.telemetry.sink import PartSink
+from esper.telemetry.paths import manifest_path, part_name, type_rank_dir
+from esper.telemetry.sink import PartSink, fsync_files, read_verified
 
-#: The writer wakes this often per flush interval, leaving the other half of the
-#: interval for writing the batch, so the durability bound holds with margin.
-WAKES_PER_INTERVAL: Final = 2
-#: Convert the journalled events into typed parts once this many journal parts (at two
-#: wakes per second, about half a minute of a run) or events are pending. Each typed
-#: part costs about 1 ms of CPU whatever its size, a journal part about 0.5 ms per flush.
-CONVERT_PARTS: Final = 64
-CONVERT_EVENTS: Final = 16_384
-#: A batch this large (a burst) is converted to tables at once instead of journalled:
-#: the per-part cost is then small against its events, and a journal would only add an
-#: encoding. The tables are kept unwritten until the hold is due (below) or the close
-#: merges them: a burst is then Parquet-encoded once (the close's zstd file), not twice
-#: (an lz4 part, then the merge): 0.85-1.06 instead of 1.12-1.33 us of writer CPU per
-#: event, medians (benchmarks/README.md, "Held bursts").
-DIRECT_EVENTS: Final = 4_096
-#: Unwritten tables are written once the oldest has waited this fraction of a wake
-#: period (so such an event is durable within the flush interval, like a journalled
-#: one) ...
-HOLD_FRACTION: Final = 0.5
-#: ... or once they pin this many bytes (converted tables: about 200 bytes per event of
-#: the writer benchmark's mix, a sixth of it the run id repeated per row). At the default
-#: flush interval time bounds a hold first below ~2.5M events/s. At 32 MiB a 200k-event
-#: burst came due by bytes mid-burst and was partly encoded twice (lz4 parts of its
-#: small types, merged again at the close), on one thread, while the producer waited
-#: (benchmarks/README.md, "Native emit").
-HOLD_BYTES: Final = 64 * 1024 * 1024
-#: A type with this many events to write goes straight into a compacted (zstd) file,
-#: merged with its fresh parts, instead of an lz4 part merged again later: the events of
-#: a burst that outlasts a hold are then encoded once too ...
-FINAL_ROWS: Final = 16_384
-#: ... for at most this many such files per type in a session: they are kept as they
-#: are (never merged again), so the cap bounds what they add to a run's file count
-#: (one per type and hold otherwise); past it, a sustained burst is written as lz4 parts
-#: and merged every :data:`ROLLING_COMPACT_PARTS`, as small batches are.
-MAX_FINAL_FILES: Final = 8
-#: Merge a type's fresh part files once this many have accumulated during a run.
-ROLLING_COMPACT_PARTS: Final = 128
-#: Bytes of Arrow tables the writer keeps of its parts since their type's last merge, so
-#: a merge rewrites them from memory instead of reading every small file back (reading
-#: a part cost about as much CPU as writing it). A type whose parts outgrow the budget
-#: is merged from its files.
-FRESH_CACHE_BYTES: Final = 4 * 1024 * 1024
+#: The writer wakes this much before a flush interval has passed since its last wake
+#: (at most :data:`MAX_MARGIN_FRACTION` of the interval), so a write that takes up to
+#: the margin still lands within the interval.
+WAKE_MARGIN_S: Final = 0.1
+MAX_MARGIN_FRACTION: Final = 0.2
+#: The manifest (its counts and heartbeat) is rewritten this often, besides at each
+#: flush and the close. Readers call a ``running`` manifest stale after 5 s at least.
+MANIFEST_EVERY_S: Final = 2.0
+#: Files of one level (per type) merged into one file of the next level.
+MERGE_FANIN: Final = 32
+#: Level of the files a run already had when this writer started (a resumed run's:
+#: one merged file per type), which only the close merges again.
+KEPT_LEVEL: Final = 1_000
+#: Merged files written at once by the close (one thread each).
+CLOSE_THREADS: Final = min(os.cpu_count() or 1, 4)
 #: How long ``close`` waits for the writer thread to finish its last drain.
 JOIN_TIMEOUT_S: Final = 120.0
-
-
-_seq = operator.attrgetter("seq")
-
-
-def _type_counts(batch: list[Event]) -> dict[str, int]:
-    """Events per type tag (counted in C: ``Counter`` over the classes)."""
-    return {event_tag(cls): n for cls, n in Counter(map(type, batch)).items()}
-
-
-def _held_bytes(table: pa.Table) -> int:
-    """Memory a held table pins: its buffers' sizes. ``Table.nbytes`` walks the arrays'
-    slices instead: 7 us on a fresh part's table, 42 us on a merged one, against 0.5 and
-    1.4 us for this (measured alone; more inside the writer thread)."""
-    return int(table.get_total_buffer_size())
 
 
 def writer_stats_event(c: WriterCounters) -> WriterStats:
@@ -141,15 +89,39 @@ def writer_stats_event(c: WriterCounters) -> WriterStats:
     )
 
 
+def wake_period(flush_interval_s: float) -> float:
+    """Seconds between the writer's wakes (see :data:`WAKE_MARGIN_S`)."""
+    return flush_interval_s - min(WAKE_MARGIN_S, flush_interval_s * MAX_MARGIN_FRACTION)
+
+
+def merge_start(levels: Sequence[int]) -> int | None:
+    """Where the due merge of a type's files starts, given their levels (oldest first,
+    never increasing): the last :data:`MERGE_FANIN` files when they share a level."""
+    if len(levels) >= MERGE_FANIN and levels[-MERGE_FANIN] == levels[-1]:
+        return len(levels) - MERGE_FANIN
+    return None
+
+
 class TelemetryWriteError(EsperError):
     """The telemetry writer failed; the message names the path and the OS error."""
+
+
+@dataclass
+class _File:
+    """A file of one type this writer knows: its ``seq`` range, merge level and (for a
+    level-0 part) its table, kept for its merge."""
+
+    path: Path
+    first: int
+    last: int
+    level: int
+    table: pa.Table | None = None
 
 
 class EventWriter:
     """Owns the bounded buffer the hub appends to, and the thread that drains it.
 
-    The hub holds ``lock`` while it appends to ``buffer`` (see
-    :meth:`esper.telemetry.hub.TelemetryHub.emit`); everything else here runs either in
+    The hub holds ``lock`` while it appends to ``buffer``; everything else here runs in
     the writer thread or, after :meth:`stop`, in the closing thread.
     """
 
@@ -168,49 +140,33 @@ class EventWriter:
         self.counters: WriterCounters = manifest.writer
         self.capacity = queue_capacity
         self.flush_interval_s = flush_interval_s
-        self._period_s = flush_interval_s / WAKES_PER_INTERVAL
         self.sink = sink
         self.lock = threading.Lock()
         self.buffer: list[Event] = []
         self.error: TelemetryWriteError | None = None
-        #: Called (in the writer thread) once ``error`` is set: the hub turns its native
-        #: fast path off, so the next emit raises the error.
-        self.on_fail: Callable[[], None] | None = None
         self._wake = threading.Condition(self.lock)
         self._room = threading.Condition(self.lock)
         self._flushed = threading.Condition(self.lock)
-        self._flush_requested = 0
-        self._flush_done = 0
-        #: The latest flush generation that asked for typed parts, and for durability.
-        self._typed_requested = 0
-        self._durable_requested = 0
+        self._requested = 0  # flush generations asked for (and with an fsync), and done
+        self._sync_requested = 0
+        self._done = 0
         self._stopping = False
-        self._io_path: Path = manifest_path(run_dir, self.rank)
-        self._next_part: dict[str, int] = {}
-        self._fresh: dict[str, list[Path]] = defaultdict(list)
-        #: The tables of ``_fresh``'s parts, per type, while they fit the budget (None
-        #: once a type's did not: that type is merged from its files).
-        self._fresh_tables: dict[str, list[pa.Table] | None] = {}
-        self._cached_bytes = 0
-        #: Journalled events not yet in typed parts, and the journal parts holding them.
-        self._pending: list[Event] = []
-        self._journals: list[Path] = []
-        #: Converted events not yet in closed files (a burst's hold), per type in ``seq``
-        #: order; how many rows of each are not counted yet; their bytes; the last
-        #: ``seq`` among them; and when the hold began (None: nothing held).
-        self._unwritten: dict[str, list[pa.Table]] = {}
-        self._uncounted: dict[str, int] = {}
-        self._unwritten_bytes = 0
-        self._unwritten_last_seq = -1
-        self._hold_since: float | None = None
-        #: Compacted files written straight from a hold, per type (see MAX_FINAL_FILES).
-        self._final_files: Counter[str] = Counter()
-        self._journal_dir = journal_rank_dir(run_dir, self.rank)
-        existing = list_parts(self._journal_dir)
-        self._next_journal = existing[-1][0] + 1 if existing else 0
+        self._manifest_path = manifest_path(run_dir, self.rank)
+        self._io_path = self._manifest_path
+        self._saved_at = 0.0
+        self._files: dict[str, list[_File]] = {tag: self._existing(tag) for tag in EVENT_TYPES}
+        self._unsynced: list[Path] = []
         self._thread = threading.Thread(
             target=self._run, name=f"esper-telemetry-{manifest.run_id}", daemon=True
         )
+
+    def _existing(self, tag: str) -> list[_File]:
+        parts = live_parts(type_rank_dir(self.run_dir, tag, self.rank))
+        return [
+            _File(p.path, p.first, p.last, KEPT_LEVEL)
+            for p in parts
+            if p.first is not None and p.last is not None
+        ]
 
     # --- lifecycle (producer thread) ----------------------------------------------------
 
@@ -231,31 +187,26 @@ class EventWriter:
         if self.error is not None:
             raise self.error
 
-    def flush(self, *, typed: bool = True, durable: bool = True) -> None:
-        """Return once every event buffered before the call is in a closed file: a typed
-        part, or with ``typed=False`` possibly a journal part (see the module docstring).
-        With ``durable=False`` (the close's drain, which the close's merge makes durable)
-        once the writer has taken them: a held burst stays unwritten.
-        """
+    def flush(self, *, sync: bool = True) -> None:
+        """Return once every event buffered before the call is in a closed part, and
+        (``sync``) fsynced with the manifest (see the module docstring)."""
         with self.lock:
             self.raise_if_failed()
             if not self._thread.is_alive():
                 raise TelemetryWriteError("telemetry writer is closed; cannot flush")
-            self._flush_requested += 1
-            target = self._flush_requested
-            if typed:
-                self._typed_requested = target
-            if durable:
-                self._durable_requested = target
+            self._requested += 1
+            target = self._requested
+            if sync:
+                self._sync_requested = target
             self._wake.notify()
-            while self._flush_done < target and self.error is None:
+            while self._done < target and self.error is None:
                 if not self._thread.is_alive():
                     raise TelemetryWriteError("telemetry writer thread stopped unexpectedly")
                 self._flushed.wait(self.flush_interval_s)
             self.raise_if_failed()
 
     def stop(self) -> None:
-        """Drain what is left, stop the thread and wait for it."""
+        """Write what is left, stop the thread and wait for it."""
         with self.lock:
             self._stopping = True
             self._wake.notify()
@@ -267,31 +218,23 @@ class EventWriter:
             )
 
     def finalize(self, status: RunStatus, error: str) -> None:
-        """Merge each type's parts into one file and write the final manifest."""
+        """Merge each type's files into one, fsync, write the final manifest."""
         if self.error is None:
             cpu_start = time.thread_time_ns()
             try:
-                self._compact_all()
+                self._merge_all()
             except Exception as exc:
                 self._fail(exc)
-            else:
-                self._remove_empty_journal_dirs()
             self.counters.cpu_ns += time.thread_time_ns() - cpu_start
         self.manifest.status = status.value if self.error is None else RunStatus.FAILED.value
         self.manifest.error = error or (str(self.error) if self.error else "")
         self.manifest.finished_ns = time.time_ns()
         try:
             self.save_manifest()
+            fsync_files([*self._unsynced, self._manifest_path])
         except Exception as exc:
             if self.error is None:
                 self._fail(exc)
-
-    def _remove_empty_journal_dirs(self) -> None:
-        """A cleanly closed rank leaves no journal, not even its empty directory (the
-        shared ``journal/`` goes too once no other rank has one)."""
-        for directory in (self._journal_dir, self._journal_dir.parent):
-            with contextlib.suppress(OSError):  # absent, or still in use
-                directory.rmdir()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -300,285 +243,135 @@ class EventWriter:
     # --- writer thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        deadline = time.monotonic() + self._period_s
+        period = wake_period(self.flush_interval_s)
+        deadline = time.monotonic() + period
         while True:
             with self.lock:
-                while (
-                    not self._stopping
-                    and self._flush_requested == self._flush_done
-                    and len(self.buffer) < self.capacity
-                ):
+                while not self._stopping and self._requested == self._done:
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    if remaining <= 0 or len(self.buffer) >= self.capacity:
                         break
                     self._wake.wait(remaining)
                 batch = self._take_buffered()
-                generation = self._flush_requested
-                draining = generation > self._flush_done  # a flush or the close's drain
-                durable = self._durable_requested > self._flush_done
-                typed = self._typed_requested > self._flush_done
-                stopping = self._stopping
+                target, stopping = self._requested, self._stopping
+                sync = self._sync_requested > self._done
                 self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
                 self._room.notify_all()
-            deadline = time.monotonic() + self._period_s
+            deadline = time.monotonic() + period
             cpu_start = time.thread_time_ns()
             try:
-                closing = stopping or (draining and not durable)
-                self._write_batch(batch, typed=typed, durable=durable, closing=closing)
-                self._rolling_compaction()
-                self.save_manifest()
-                # The manifest just saved lags by its own write; the next one has it.
+                self._write_batch(batch)
+                if sync or time.monotonic() - self._saved_at >= MANIFEST_EVERY_S:
+                    self.save_manifest()
+                if sync:
+                    fsync_files([*self._unsynced, self._manifest_path])
+                    self._unsynced = []
                 self.counters.cpu_ns += time.thread_time_ns() - cpu_start
             except BaseException as exc:
                 self._fail(exc)
                 return
             with self.lock:
-                self._flush_done = generation
+                self._done = target
                 self._flushed.notify_all()
             if stopping:
                 return
 
     def _take_buffered(self) -> list[Event]:
-        """The buffered events, removed from the buffer (``lock`` held): a copy, then a
-        delete of that many. The native emit (:mod:`esper.telemetry.fast_emit`) appends
-        without the lock, atomically under the GIL; an append between the two steps stays
-        in the buffer, where a ``copy`` then ``clear`` would lose it."""
+        """The buffered events, removed from the buffer (``lock`` held)."""
         batch = self.buffer[:]
         del self.buffer[: len(batch)]
         return batch
 
-    def _write_batch(
-        self, batch: list[Event], *, typed: bool, durable: bool, closing: bool
-    ) -> None:
-        """Make ``batch`` durable: a journal part, or typed parts of everything pending
-        when a conversion is due (``typed``, or a threshold). A burst (a batch of
-        :data:`DIRECT_EVENTS`) starts a hold: it and every later batch are converted to
-        tables at once but written only when the hold is due (:meth:`_hold_due`) or a
-        flush asks, as one part per type. On close (``closing``) nothing is converted or
-        written as a part: a small batch is journalled, a burst held, and everything
-        pending goes straight into the final merge, so a burst is Parquet-encoded once.
-
-        The manifest counts an event once it is in a closed file: a journalled batch at
-        once, a converted one type by type as its parts land (so a failure half-way
-        leaves counts that match the files); ``last_seq`` only covers closed files.
-        """
-        if self._hold_since is not None or len(batch) >= DIRECT_EVENTS:
-            self._hold(batch)
-            if not closing and (typed or durable or self._hold_due()):
-                self._convert()
-        elif not closing and (typed or self._conversion_due(len(batch))):
-            self._pending.extend(batch)
-            self._convert()
-        elif batch:  # journalled (also on close: durable if the close's merge fails)
-            self._pending.extend(batch)
-            path = self._journal_dir / part_name(self._next_journal)
+    def _write_batch(self, batch: list[Event]) -> None:
+        """One part per event type of ``batch`` (in ``seq`` order), then due merges. The
+        manifest counts each type's events once its part is in place."""
+        if not batch:
+            return
+        groups: dict[type[Event], list[Event]] = {}
+        for event in batch:
+            groups.setdefault(type(event), []).append(event)
+        for cls, events in groups.items():
+            tag = event_tag(cls)
+            table = events_to_table(cls, events)
+            first, last = events[0].seq, events[-1].seq
+            path = type_rank_dir(self.run_dir, tag, self.rank) / part_name(first, last)
             self._io_path = path
-            self.counters.bytes_written += self.sink.write_table(journal_table(batch), path)
-            self._next_journal += 1
-            self._journals.append(path)
-            for tag, n in _type_counts(batch).items():
-                self._count(tag, n)
-            self.manifest.last_seq = batch[-1].seq
-        if batch:
-            self.counters.events_written += len(batch)
-            self.counters.flushes += 1
+            self.counters.bytes_written += self.sink.write_part(table, path)
+            self._unsynced.append(path)
+            self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
+            files = self._files[tag]
+            if not files:  # a new type directory: its entry must be made durable too
+                self._unsynced.append(path.parent)
+            files.append(_File(path, first, last, 0, table))
+            while (start := merge_start([f.level for f in files])) is not None:
+                self._merge(tag, files, start)
+        self.manifest.last_seq = batch[-1].seq
+        self.counters.events_written += len(batch)
+        self.counters.flushes += 1
 
-    def _count(self, tag: str, n: int) -> None:
-        self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + n
+    def _merge(self, tag: str, files: list[_File], start: int) -> None:
+        """Merge ``files[start:]`` into one file of the next level, in place."""
+        inputs = files[start:]
+        merged = self._merged_file(tag, inputs, inputs[-1].level + 1)
+        del files[start:]
+        files.append(merged)
 
-    def _conversion_due(self, batch_events: int) -> bool:
-        """Whether journalling this batch would reach a conversion threshold."""
-        return (
-            len(self._journals) + 1 >= CONVERT_PARTS
-            or len(self._pending) + batch_events >= CONVERT_EVENTS
+    def _merged_file(self, tag: str, inputs: list[_File], level: int) -> _File:
+        """Write the merge of ``inputs`` (renamed into place), then delete them."""
+        output = _output(inputs)
+        schema = event_schema(EVENT_TYPES[tag])
+        self._io_path = output
+        self.counters.bytes_written += self.sink.write_merged(
+            _tables(inputs, schema), schema, output
         )
+        self.counters.compactions += 1
+        self._unsynced.append(output)
+        for f in inputs:
+            if f.path != output:
+                self._io_path = f.path
+                self.sink.remove(f.path)
+        return _File(output, inputs[0].first, inputs[-1].last, level)
 
-    def _hold(self, batch: list[Event]) -> None:
-        """Convert the pending (journalled) events and ``batch`` into unwritten tables, one
-        list per type in ``seq`` order, with the rows of each not yet counted."""
-        counted = self.manifest.last_seq  # journalled events are counted already
-        for events in (self._pending, batch):
-            groups = group_by_type(events)
-            tables = events_to_tables({EVENT_TYPES[tag]: found for tag, found in groups.items()})
-            for tag, found in groups.items():
-                table = tables[EVENT_TYPES[tag]]
-                self._unwritten.setdefault(tag, []).append(table)
-                uncounted = len(found) - bisect.bisect_right(found, counted, key=_seq)
-                self._uncounted[tag] = self._uncounted.get(tag, 0) + uncounted
-                self._unwritten_bytes += _held_bytes(table)
-            if events:
-                self._unwritten_last_seq = events[-1].seq
-                if self._hold_since is None:
-                    self._hold_since = time.monotonic()
-        self._pending = []
-
-    def _hold_due(self) -> bool:
-        """Whether unwritten tables must be written now: the oldest has waited half a wake
-        period (so it is durable within the flush interval, as a journalled event is),
-        or they pin :data:`HOLD_BYTES`."""
-        assert self._hold_since is not None
-        waited = time.monotonic() - self._hold_since
-        return waited >= self._period_s * HOLD_FRACTION or self._unwritten_bytes >= HOLD_BYTES
-
-    def _convert(self) -> None:
-        """Write the pending and unwritten events of each type, then drop their journal:
-        a type with :data:`FINAL_ROWS` of them is merged at once with its fresh parts
-        into a compacted (zstd) file, encoded once (up to :data:`MAX_FINAL_FILES` per
-        type); any other becomes an lz4 part.
-
-        Every pending event of a type goes into the same file, in ``seq`` order, before
-        any journal part is deleted: the invariant that makes a crashed run's journal
-        readable without duplicates (:func:`esper.telemetry.journal.unconverted`).
-        """
-        self._hold([])
-        large = []
-        for tag, tables in self._unwritten.items():
-            rows = sum(t.num_rows for t in tables)
-            if rows >= FINAL_ROWS and self._final_files[tag] < MAX_FINAL_FILES:
-                self._final_files[tag] += 1
-                large.append(tag)
-                continue
-            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-            path = self._next_part_path(tag)
-            self._io_path = path
-            self.counters.bytes_written += self.sink.write_table(table, path)
-            self._count(tag, self._uncounted.get(tag, 0))
-            self._fresh[tag].append(path)
-            self._keep(tag, table)
-        self._merge_unwritten(large)
-
-    def _merge_unwritten(self, tags: Iterable[str], *, parallel: bool = False) -> None:
-        """Merge each of ``tags``' fresh parts and unwritten tables into one compacted
-        file (the unwritten rows need no part of their own: they are counted as each
-        merged file lands), then end the hold; all share one intent record save
-        (:func:`rewrite_many`)."""
-        jobs = [
-            self._merge_job(tag, self._fresh.pop(tag, []), self._unwritten.get(tag))
-            for tag in sorted(tags)
+    def _merge_all(self) -> None:
+        """The close: every type's files into one merged file, types in parallel where
+        the sink allows it (Parquet encoding releases the GIL)."""
+        due = [
+            (tag, files)
+            for tag, files in self._files.items()
+            if len(files) > 1 or (files and files[0].level == 0)
         ]
-        if jobs:
-            self._rewrite(jobs, landed=self._count_landed, parallel=parallel)
-        self._release_unwritten()
+        threads = min(len(due), CLOSE_THREADS) if getattr(self.sink, "concurrent", False) else 1
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="esper-close") as pool:
+                try:
+                    jobs = [
+                        (files, pool.submit(self._timed_merge, tag, files)) for tag, files in due
+                    ]
+                except RuntimeError:  # the interpreter is exiting (a hub closed at exit)
+                    jobs = []  # (it refuses the first job already: none runs twice)
+                for files, job in jobs:
+                    try:
+                        merged, cpu_ns = job.result()
+                    except Exception:
+                        self._io_path = _output(files)  # the error names this merge's file
+                        raise
+                    self.counters.cpu_ns += cpu_ns
+                    files[:] = [merged]
+            if jobs:
+                return
+        for tag, files in due:
+            files[:] = [self._merged_file(tag, files, KEPT_LEVEL)]
 
-    def _release_unwritten(self) -> None:
-        """The unwritten events are in closed files now: advance ``last_seq``, drop the
-        journal parts that held some of them, and end the hold."""
-        if self._hold_since is not None:
-            self.manifest.last_seq = max(self.manifest.last_seq, self._unwritten_last_seq)
-        for path in self._journals:
-            self._io_path = path
-            self.sink.remove(path)
-        self._journals = []
-        self._unwritten = {}
-        self._uncounted = {}
-        self._unwritten_bytes = 0
-        self._hold_since = None
-
-    def _keep(self, tag: str, table: pa.Table) -> None:
-        """Hold a fresh part's table for its merge, or stop holding the type's (budget)."""
-        held = self._fresh_tables.setdefault(tag, [])
-        if held is None:
-            return
-        size = _held_bytes(table)
-        if self._cached_bytes + size > FRESH_CACHE_BYTES:
-            self._take_held(tag)
-            self._fresh_tables[tag] = None
-            return
-        held.append(table)
-        self._cached_bytes += size
-
-    def _take_held(self, tag: str) -> list[pa.Table] | None:
-        """The held tables of ``tag``'s fresh parts (None if not all held), released."""
-        held = self._fresh_tables.pop(tag, None)
-        for table in held or ():
-            self._cached_bytes -= _held_bytes(table)
-        return held
-
-    def _next_part_path(self, tag: str) -> Path:
-        directory = type_rank_dir(self.run_dir, tag, self.rank)
-        number = self._next_part.get(tag)
-        if number is None:
-            existing = list_parts(directory)
-            number = existing[-1][0] + 1 if existing else 0
-        self._next_part[tag] = number + 1
-        return directory / part_name(number)
-
-    def _rolling_compaction(self) -> None:
-        for tag, fresh in self._fresh.items():
-            if len(fresh) >= ROLLING_COMPACT_PARTS:
-                self._merge(tag, list(fresh))
-                fresh.clear()
-
-    def _compact_all(self) -> None:
-        """Merge the parts written since the last rolling compaction, and the unwritten
-        tables, into one file per type.
-
-        Earlier compacted files are left as they are, so closing costs time proportional
-        to the last stretch of the run, not to the whole run. A single fresh part is
-        rewritten too: parts are lz4 while the run goes, a closed run is all zstd. Pending
-        and unwritten events go into the merge directly (no part of their own), and the
-        journal parts are dropped once every merged file has landed.
-        """
-        self._hold([])  # the pending (journalled) events join the unwritten tables
-        self._merge_unwritten(
-            set(self._unwritten) | {t for t, fresh in self._fresh.items() if fresh},
-            parallel=True,
-        )
-
-    def _count_landed(self, job: Rewrite) -> None:
-        """A merged file is in place: count its rows that no journal part held."""
-        self._count(job.event_type, self._uncounted.pop(job.event_type, 0))
-
-    def _merge(self, tag: str, inputs: list[Path]) -> None:
-        self._rewrite([self._merge_job(tag, inputs)])
-
-    def _merge_job(
-        self, tag: str, inputs: list[Path], tail: list[pa.Table] | None = None
-    ) -> Rewrite:
-        return merge(
-            event_type=tag,
-            inputs=inputs,
-            output=self._next_part_path(tag),
-            schema=event_schema(EVENT_TYPES[tag]),
-            contents=self._take_held(tag),  # every fresh part's table, or None
-            tail=tail,
-        )
-
-    def _rewrite(
-        self,
-        jobs: list[Rewrite],
-        landed: Callable[[Rewrite], None] = lambda _job: None,
-        *,
-        parallel: bool = False,
-    ) -> None:
-        """Rewrite ``jobs`` crash-safely; the close's merge (``parallel``) encodes its
-        files on every core, since the caller waits for it, while merges during the run
-        stay on this thread so that training keeps the other cores."""
-        sizes = rewrite_many(
-            sink=self.sink,
-            manifest=self.manifest,
-            save=lambda _m: self.save_manifest(),
-            rewrites=jobs,
-            touching=self._touching,
-            landed=landed,
-            spent=self._spent_elsewhere,
-            parallel=parallel,
-        )
-        self.counters.bytes_written += sum(sizes)
-        self.counters.compactions += len(jobs)
-
-    def _touching(self, path: Path) -> None:
-        self._io_path = path
-
-    def _spent_elsewhere(self, cpu_ns: int) -> None:
-        """CPU time of the threads that encoded merged files in parallel: the writer's."""
-        self.counters.cpu_ns += cpu_ns
+    def _timed_merge(self, tag: str, files: list[_File]) -> tuple[_File, int]:
+        start = time.thread_time_ns()
+        merged = self._merged_file(tag, files, KEPT_LEVEL)
+        return merged, time.thread_time_ns() - start
 
     def save_manifest(self) -> None:
-        path = manifest_path(self.run_dir, self.rank)
-        self._io_path = path
+        self._io_path = self._manifest_path
         self.manifest.heartbeat_ns = time.time_ns()
-        write_manifest(path, self.manifest)
+        write_manifest(self._manifest_path, self.manifest)
+        self._saved_at = time.monotonic()
 
     def _fail(self, exc: BaseException) -> None:
         error = TelemetryWriteError(
@@ -590,5 +383,18 @@ class EventWriter:
                 self.error = error
             self._room.notify_all()
             self._flushed.notify_all()
-        if self.on_fail is not None:
-            self.on_fail()
+
+
+def _tables(inputs: list[_File], schema: pa.Schema) -> Iterator[pa.Table]:
+    """The inputs' tables in order: held ones as they are, the others read back one row
+    group at a time (bounded memory) with their page checksums verified."""
+    for f in inputs:
+        if f.table is not None:
+            yield f.table
+        else:
+            yield from read_verified(f.path, schema)
+
+
+def _output(inputs: list[_File]) -> Path:
+    """The merged file of ``inputs``: named by the range they cover together."""
+    return inputs[0].path.with_name(part_name(inputs[0].first, inputs[-1].last))

@@ -201,8 +201,7 @@ class Recorder:
         )
 
     def ppo_update(self, m: PPOMetrics, *, rnd: int) -> None:
-        fields = {name: getattr(m, name) for name in PPOMetrics.__struct_fields__}
-        self.hub.emit(ev.PpoUpdate(round=rnd, **fields))
+        self.hub.emit(msgspec.structs.replace(m, round=rnd))  # the metrics are the event
 
     def anomalies(self, found: Sequence[Anomaly], *, rnd: int, escalated: bool) -> None:
         for a in found:
@@ -336,15 +335,14 @@ class Recorder:
         """Emit every pending ``reward_computed`` (step end, round end, or on error)."""
         pending, self._pending = self._pending, {}
         for env, p in pending.items():
-            self.hub.emit(
-                ev.RewardComputed(
+            self.hub.emit(  # the breakdown is the event: its context added
+                msgspec.structs.replace(
+                    p.breakdown,
                     round=rnd,
                     env=env,
                     step=p.step,
                     family=self.reward_family,
                     op=p.op,
-                    # every breakdown field (tests/training/test_record_event_fields.py)
-                    **{n: getattr(p.breakdown, n) for n in RewardBreakdown.__struct_fields__},
                     normalized=p.normalized,
                 )
             )

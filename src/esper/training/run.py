@@ -34,7 +34,7 @@ from esper.policy.protocol import Policy
 from esper.telemetry.emit_log import with_emit_log
 from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
-from esper.telemetry.resume import check_new_run_dir
+from esper.telemetry.resume import check_new_run_dir, check_resumable
 from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
 from esper.training.distributed import (
     Collective,
@@ -82,6 +82,8 @@ class _RoundEnd:
     seq_position: int
     learner: dict[str, Any]
     torch_rng: torch.Tensor
+    #: Rollbacks of the whole run so far (a continued run's totals include them).
+    rollbacks: int
 
 
 @dataclass
@@ -201,7 +203,6 @@ def train(
     if state is not None:
         check_world_size(state, resume, collective)
     start = int(state["next_round"]) if state is not None else 0
-    _check_rounds_left(cfg, start, resume)
     if faults is not None:
         check_faults(faults, global_run(cfg.run, collective), start_round=start)
     ledger = ledger if ledger is not None else CheckpointLedger()
@@ -211,8 +212,18 @@ def train(
     if collective is not None:  # the default id has a timestamp: rank 0's is the run's
         run_id = collective.broadcast_str(run_id)
     cfg = with_overrides(cfg, {"run.run_id": run_id})
-    if telemetry is None:
-        _check_telemetry_dir(cfg, run_id, resumed=continue_run and state is not None, rank=rank)
+    continued = continue_run and state is not None
+    open_status = (
+        _check_continued(cfg, run_id, resume, rank) if continued and telemetry is None else None
+    )
+    if not (continued and open_status is not None and open_status is not RunStatus.FINISHED):
+        _check_rounds_left(cfg, start, resume)  # a never-closed run is closed instead
+    ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
+    restart = False
+    if telemetry is None and not continued:
+        restart = _check_telemetry_dir(
+            cfg, run_id, rank=rank, checkpoint=rank_path(ckpt_path, rank)
+        )
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
     _check_envs_fit(cfg, data, collective.world_size if collective is not None else 1)
     space = action_space_for(cfg, data)
@@ -234,8 +245,9 @@ def train(
     hub = (
         telemetry
         if telemetry is not None
-        else _open_hub(cfg, run_id, parent, state, continue_run, collective=collective)
-    )
+        else _open_hub(cfg, run_id, parent, state, continue_run, collective=collective,
+                       replace=restart)
+    )  # fmt: skip
     if collective is not None:
         hub = RankHub(hub, rank=rank)
     try:
@@ -244,14 +256,7 @@ def train(
             cfg, recorder=recorder, task=data, learner=learner, faults=faults,
             progress=progress, collective=collective,
         )  # fmt: skip
-        recorder.run_started(cfg, learner, parent, start_round)
-        if state is not None and resume is not None:
-            recorder.checkpoint_loaded(
-                str(resume),
-                next_round=start_round,
-                parent=str(state["run_id"]),
-                seq=int(state["seq_position"]),
-            )
+        _session_started(recorder, cfg, learner, parent, state, resume, continued)
     except KeyboardInterrupt as exc:  # before the first round: nothing to checkpoint yet
         hub.close(RunStatus.INTERRUPTED, f"{_interrupt_reason(exc)} before the first round")
         raise
@@ -259,9 +264,56 @@ def train(
         hub.close(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
         raise
     run_dir = getattr(hub, "run_dir", None)
-    ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
     saver = _Saver(cfg, learner, recorder, rank_path(ckpt_path, rank), ledger, collective)
-    return _run_rounds(cfg, trainer, saver, start_round, run_dir)
+    before = _Before.of(cfg, state, saver.world_size) if continued else _Before()
+    return _run_rounds(cfg, trainer, saver, start_round, run_dir, before)
+
+
+@dataclass(frozen=True)
+class _Before:
+    """What the sessions before a continued one completed (a run's totals span them)."""
+
+    rounds: int = 0
+    env_steps: int = 0
+    rollbacks: int = 0
+
+    @classmethod
+    def of(cls, cfg: Config, state: dict[str, Any] | None, world_size: int) -> _Before:
+        if state is None:
+            return cls()
+        rounds = int(state["next_round"])
+        steps = rounds * cfg.run.n_envs * cfg.run.episode_length * world_size
+        return cls(rounds, steps, int(state.get("rollbacks", 0)))
+
+
+def _session_started(
+    recorder: Recorder,
+    cfg: Config,
+    learner: Learner,
+    parent: str,
+    state: dict[str, Any] | None,
+    resume: str | Path | None,
+    continued: bool,
+) -> None:
+    """A session's first events. A continued run first records again the checkpoint it
+    resumes from (its ``checkpoint_saved`` was at the checkpoint's seq position, where
+    the cut begins), so it keeps every checkpoint event an uninterrupted run has."""
+    start_round = int(state["next_round"]) if state is not None else 0
+    if continued and state is not None and resume is not None:
+        recorder.checkpoint_saved(
+            str(state.get("path") or resume),
+            size=Path(resume).stat().st_size,
+            next_round=start_round,
+            seq=int(state["seq_position"]),
+        )
+    recorder.run_started(cfg, learner, parent, start_round)
+    if state is not None and resume is not None:
+        recorder.checkpoint_loaded(
+            str(resume),
+            next_round=start_round,
+            parent=str(state["run_id"]),
+            seq=int(state["seq_position"]),
+        )
 
 
 def _check_rounds_left(cfg: Config, start: int, resume: str | Path | None) -> None:
@@ -280,6 +332,7 @@ def _run_rounds(
     saver: _Saver,
     start_round: int,
     run_dir: Path | None,
+    before: _Before,
 ) -> TrainResult:
     """Run the rounds; on any way out, checkpoint only completed rounds, then close."""
     t0 = time.perf_counter()
@@ -294,7 +347,8 @@ def _run_rounds(
             next_round = rnd + 1
             every = cfg.run.checkpoint_every
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
-            saver.round_completed(next_round, save_now=due)
+            rollbacks = before.rollbacks + trainer.state.rollbacks
+            saver.round_completed(next_round, save_now=due, rollbacks=rollbacks)
     except KeyboardInterrupt as exc:
         status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
@@ -309,12 +363,12 @@ def _run_rounds(
             try:  # a failed telemetry writer makes these emits raise: still close the hub
                 if status != RunStatus.FINISHED:
                     saver.save_pending_quietly()
-                trainer.recorder.run_finished(
+                trainer.recorder.run_finished(  # totals of the whole run
                     status,
-                    rounds=next_round - start_round,
-                    env_steps=env_steps,
+                    rounds=before.rounds + next_round - start_round,
+                    env_steps=before.env_steps + env_steps,
                     wall=wall,
-                    rollbacks=trainer.state.rollbacks,
+                    rollbacks=before.rollbacks + trainer.state.rollbacks,
                     error=error,
                 )
             finally:
@@ -379,10 +433,31 @@ def _free_run_id(cfg: Config, base: str) -> str:
     return candidate
 
 
-def _check_telemetry_dir(cfg: Config, run_id: str, *, resumed: bool, rank: int = 0) -> None:
-    """Fail on an unusable run directory before the (possibly slow) data load."""
-    if cfg.telemetry.level_enum != TelemetryLevel.OFF and not resumed:
-        check_new_run_dir(resolve_run_dir(cfg.telemetry.dir, run_id), run_id=run_id, rank=rank)
+def _check_telemetry_dir(cfg: Config, run_id: str, *, rank: int, checkpoint: Path) -> bool:
+    """Fail on an unusable run directory before the (possibly slow) data load. True when
+    the run id holds a run that stopped before completing a round (restarted: nothing
+    complete is lost)."""
+    if cfg.telemetry.level_enum == TelemetryLevel.OFF:
+        return False
+    run_dir = resolve_run_dir(cfg.telemetry.dir, run_id)
+    return check_new_run_dir(run_dir, run_id=run_id, rank=rank, checkpoint=checkpoint)
+
+
+def _check_continued(
+    cfg: Config, run_id: str, resume: str | Path | None, rank: int
+) -> RunStatus | None:
+    """``--continue-run`` writes only into the run directory that holds the checkpoint,
+    and only a run of the checkpoint's id; returns the run's status (None: telemetry off)."""
+    if cfg.telemetry.level_enum == TelemetryLevel.OFF or resume is None:
+        return None
+    run_dir = resolve_run_dir(cfg.telemetry.dir, run_id)
+    if Path(resume).resolve().parent != run_dir.resolve():
+        raise UserError(
+            f"--continue-run writes into the run directory that holds the checkpoint, but "
+            f"{resume} belongs to run {run_id!r}, whose directory is {run_dir}; move the "
+            "checkpoint back there, or drop --continue-run to start a new run linked to it"
+        )
+    return check_resumable(run_dir, run_id=run_id, rank=rank)
 
 
 def _open_hub(
@@ -393,6 +468,7 @@ def _open_hub(
     continue_run: bool,
     *,
     collective: Collective | None = None,
+    replace: bool = False,
 ) -> Hub:
     start_seq = int(state["seq_position"]) if state is not None and continue_run else 0
     hub = open_run(
@@ -408,6 +484,7 @@ def _open_hub(
         start_seq=start_seq,
         parent_run_id=parent,
         resume=continue_run and state is not None,
+        replace=replace,
     )
     return with_emit_log(hub)  # the crash tests' side channel; a no-op unless asked for
 
@@ -443,7 +520,7 @@ class _Saver:
         self.rank = collective.rank if collective is not None else 0
         self.pending: _RoundEnd | None = None
 
-    def round_completed(self, next_round: int, *, save_now: bool) -> None:
+    def round_completed(self, next_round: int, *, save_now: bool, rollbacks: int) -> None:
         state = self.learner.state_dict()
         self.pending = _RoundEnd(
             next_round=next_round,
@@ -451,6 +528,7 @@ class _Saver:
             # Kept past this call only when not saved now: copy, the learner moves on.
             learner=state if save_now else copy.deepcopy(state),
             torch_rng=torch.get_rng_state(),
+            rollbacks=rollbacks,
         )
         if save_now:
             self._save(self.pending)
@@ -471,7 +549,7 @@ class _Saver:
     def _save(self, end: _RoundEnd) -> None:
         flush_error: BaseException | None = None
         try:
-            self.hub.flush(typed=False)  # durable (journalled) is all a resume needs
+            self.hub.flush()  # durable (fsynced) before the checkpoint points past it
         except BaseException as exc:  # still save: training state matters most
             flush_error = exc
         try:
@@ -487,6 +565,8 @@ class _Saver:
                     "torch_rng": end.torch_rng,
                     "world_size": self.world_size,
                     "rank": self.rank,
+                    "path": str(self.path),  # as its checkpoint_saved event names it
+                    "rollbacks": end.rollbacks,
                 },
             )
         except CheckpointSaveError as exc:
