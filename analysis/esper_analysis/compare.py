@@ -176,7 +176,7 @@ def add_parser(sub: Any) -> None:
 
 def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``esper analyze compare``; returns the exit code (errors raise AnalysisError: 2)."""
-    from esper_analysis.tables import console_for, plural, print_result
+    from esper_analysis.tables import console_for, print_result
 
     runs = [load_run(path) for path in args.runs]
     for run in runs:
@@ -188,9 +188,7 @@ def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         payload = {"runs_compared": info, **result.to_json()}
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return 0
-    console = console_for(out)
-    console.print(f"[bold]reference[/bold] {result.reference}; {plural(result.n_runs, 'run')}")
-    print_result(result, console, max_rows=args.max_rows)
+    print_result(result, console_for(out), max_rows=args.max_rows)  # its summary names them
     return 0
 
 
