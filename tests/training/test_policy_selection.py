@@ -108,3 +108,19 @@ def test_the_python_api_runs_every_policy_kind(tmp_path: Path) -> None:
         train(with_overrides(cfg, {"policy.kind": kind}), telemetry=hub, save=tmp_path / "c.pt")
         started = [e for e in hub.events if isinstance(e, ev.RunStarted)]
         assert [e.policy_kind for e in started] == [kind]
+
+
+def test_the_run_summary_names_every_path_absolutely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--policy", "static", *TINY, "--telemetry-dir", "runs", "--run-id", "s"]
+    assert esper_main([*argv, "--report"]) == 0
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "runs" / "s"
+    for line in (
+        f"run directory: {run_dir}",
+        f"checkpoint: {run_dir / 'checkpoint.pt'}",
+        f"report: {run_dir / 'report.html'}",
+    ):
+        assert line in out.splitlines(), out
