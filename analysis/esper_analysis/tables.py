@@ -143,12 +143,7 @@ def rich_tables(
     Cells are never cut: columns go whole into the part that has room for them, after
     the key columns (``keys``; default the leading :data:`KEY_COLUMNS`).
     """
-    shown = frame.head(max_rows)
-    cells = [[format_value(v) for v in row] for row in shown.iter_rows()]
-    widths = [
-        max([cell_len(name)] + [cell_len(row[i]) for row in cells])
-        for i, name in enumerate(frame.columns)
-    ]
+    cells, widths = _cells(frame, max_rows)
     groups = (
         [list(range(frame.width))] if width is None else _column_groups(frame, widths, width, keys)
     )
@@ -173,16 +168,22 @@ def rich_tables(
     return tables
 
 
+def _cells(frame: pl.DataFrame, max_rows: int) -> tuple[list[list[str]], list[int]]:
+    """The shown rows as text, and each column's width (its header included)."""
+    cells = [[format_value(v) for v in row] for row in frame.head(max_rows).iter_rows()]
+    widths = [
+        max([cell_len(name)] + [cell_len(row[i]) for row in cells])
+        for i, name in enumerate(frame.columns)
+    ]
+    return cells, widths
+
+
 def fits(frame: pl.DataFrame, width: int | None, max_rows: int = DEFAULT_MAX_ROWS) -> bool:
     """Does the whole frame fit ``width`` cells as one table (None: any width)?"""
     if width is None:
         return True
-    cells = [[format_value(v) for v in row] for row in frame.head(max_rows).iter_rows()]
-    need = sum(
-        max([cell_len(name)] + [cell_len(row[i]) for row in cells]) + _COLUMN_CHROME
-        for i, name in enumerate(frame.columns)
-    )
-    return _TABLE_CHROME + need <= width
+    _, widths = _cells(frame, max_rows)
+    return _TABLE_CHROME + sum(w + _COLUMN_CHROME for w in widths) <= width
 
 
 def _leading_keys(frame: pl.DataFrame, keys: Sequence[str] | None) -> list[int]:
@@ -231,9 +232,10 @@ def _column_groups(
     if _TABLE_CHROME + need(list(range(frame.width))) <= width:
         return [list(range(frame.width))]
     lead = _leading_keys(frame, keys)
-    rest = [i for i in range(frame.width) if i not in lead]
-    widest = max((need([i]) for i in rest), default=0)
-    while lead and _TABLE_CHROME + need(lead) + widest > width:
+    while lead:  # the keys, then room for the widest other column beside them
+        widest = max((need([i]) for i in range(frame.width) if i not in lead), default=0)
+        if _TABLE_CHROME + need(lead) + widest <= width:
+            break
         lead = lead[:-1]
     rest = [i for i in range(frame.width) if i not in lead]
     units = _units(frame, rest, together=True)
