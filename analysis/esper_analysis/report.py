@@ -36,7 +36,7 @@ from esper_analysis.svg import (
     stacked_bars,
     timeline,
 )
-from esper_analysis.tables import format_value, html_table
+from esper_analysis.tables import format_value, html_table, legends
 from esper_analysis.throughput import Throughput, throughput
 
 #: File name of a run's report inside its directory (`esper train --report`, and
@@ -99,6 +99,11 @@ def _zero_not_negative(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _table(frame: pl.DataFrame, **kwargs: Any) -> str:
     return html_table(_zero_not_negative(frame), **kwargs)
+
+
+def _legends(frame: pl.DataFrame) -> str:
+    """What the table's missing values mean (the terminal tables' legends)."""
+    return "".join(f"<p class='note'>{html.escape(text)}</p>" for text in legends(frame))
 
 
 def _learning_curve(run: Run, span: tuple[float, float] | None) -> str:
@@ -424,7 +429,7 @@ def build_report(
         _compare(run, compare_with),
         _section("Reward components over time", _reward_components(rewards, span), plots=True),
         _section("Seed lifecycles", _timeline(run, lc), plots=True),
-        _section("Per-blueprint outcomes", _table(lc.by_blueprint)),
+        _section("Per-blueprint outcomes", _table(lc.by_blueprint) + _legends(lc.by_blueprint)),
         _section("Action distribution", _actions(actions, span), plots=True),
         _section("PPO health", _ppo(ppo_health(run), span), plots=True),
         _section("Throughput", _throughput(tp, span), plots=True),

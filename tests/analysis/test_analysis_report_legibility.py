@@ -151,3 +151,18 @@ def test_green_verdicts_have_no_stray_none(scripted_run: Path) -> None:
     for text in (_reward_check(clean), _rollbacks(quiet), _baseline(matched, "b.json")):
         assert "none</p>" not in text, text
     assert "<table" in _rollbacks(audit)  # a run with rollbacks lists them
+
+
+def test_report_tables_carry_the_legend_of_their_missing_values(scripted_run: Path) -> None:
+    from esper_analysis.lifecycles import seed_lifecycles
+    from esper_analysis.tables import COLUMN_LEGENDS
+
+    run = load_run(scripted_run)
+    by_blueprint = seed_lifecycles(run).by_blueprint
+    text = build_report(run)
+    shown = []
+    for column in ("mean_contribution", "mean_contribution_fossilized"):
+        missing = bool(by_blueprint[column].null_count() or by_blueprint[column].is_nan().any())
+        assert (COLUMN_LEGENDS[column] in text) == missing, column
+        shown.append(missing)
+    assert any(shown)  # the scripted run has a blueprint with no fossilized seed
