@@ -7,8 +7,10 @@ the last third of rounds: final accuracy, parameters added, accuracy gained per 
 parameters (against the static host of the same seed and round), fossilized and pruned
 seeds; for PPO also explained variance, approx KL and clip fraction per update. Paired
 differences (PPO minus each other policy, paired by seed and round) come with standard
-errors. The static host is a policy that always WAITs; the random policy draws every
-head uniformly among the valid choices.
+errors. Every policy is one of ``esper train --policy ppo|heuristic|eager|random|static``
+(``esper.policy``): the static host always WAITs; the random policy draws every head
+uniformly among the valid choices; ``eager_heavy`` is the eager grower with
+``policy.eager.blueprints = ["conv_heavy"]``.
 
     python benchmarks/learning.py                 # 3 seeds, full preset (see README)
     python benchmarks/learning.py --quick         # seconds: a smoke test, numbers mean nothing
@@ -23,38 +25,31 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
 
 from esper.config import Config, load_config, with_overrides
-from esper.core.constants import ALL_BLUEPRINTS, CANONICAL_HEAD_VALUE, HEAD_NAMES, RELEVANT_HEADS
-from esper.core.enums import LifecycleOp, TelemetryLevel
-from esper.core.records import SlotReport
+from esper.core.enums import TelemetryLevel
 from esper.data.tasks import load_task
-from esper.policy.actions import ActionSpace, DecodedAction
-from esper.policy.heuristic import HeuristicPolicy, validity
-from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
-from esper.policy.signals import SignalTracker
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training.run import action_space_for, train
+from esper.training.run import train
 
 POLICIES = ("ppo", "heuristic", "eager", "random", "static")
 #: Optional policies (not in the default set): the eager grower with the largest CNN seed.
 EXTRA_POLICIES = ("eager_heavy",)
-HEAVY_BLUEPRINT = "conv_heavy"
+#: Each policy is ``esper train --policy NAME`` (``policy.kind``), plus these overrides.
+POLICY_OVERRIDES: dict[str, dict[str, Any]] = {
+    **{name: {"policy.kind": name} for name in POLICIES},
+    "eager_heavy": {"policy.kind": "eager", "policy.eager.blueprints": ["conv_heavy"]},
+}
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "learning.toml"
 DEFAULT_SEEDS = (0, 1, 2)
-#: Offset of the random policy's sampling stream from the run seed.
-RANDOM_POLICY_SEED_OFFSET = 31_337
 #: The quick mode: a smoke test of the whole pipeline, in seconds.
 QUICK: dict[str, Any] = {
     "run.rounds": 3,
@@ -80,111 +75,16 @@ PPO_ONLY_KEYS = (
 ROUND_SERIES = ("reward", "acc", "params", "fossilized", "pruned", "germinated")
 
 
-class EagerGrower(HeuristicPolicy):
-    """The heuristic, but it germinates whenever a slot is free instead of waiting for a
-    plateau: the "sensible grower" that measures how much accuracy seeds can add.
-    ``blueprint`` (if valid) replaces the heuristic's rotation
-    (``policy.heuristic_blueprints``)."""
-
-    def __init__(self, space: ActionSpace, cfg: Any, blueprint: str = "") -> None:
-        super().__init__(space, cfg)
-        self.blueprint = blueprint
-
-    def decide(
-        self,
-        reports: Sequence[SlotReport],
-        tracker: SignalTracker,
-        masks: dict[str, np.ndarray],
-        memory: Any,
-    ) -> DecodedAction:
-        action = super().decide(reports, tracker, masks, memory)
-        if action.op != LifecycleOp.WAIT:
-            return action
-        valid = validity(masks)
-        free = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
-        if not free:
-            return action
-        germinate = self._germinate(reports[free[0]], masks["blueprint"], memory)
-        if germinate is None:  # the host offers none of the rotation's blueprints
-            return action
-        if self.blueprint and masks["blueprint"][ALL_BLUEPRINTS.index(self.blueprint)]:
-            germinate = msgspec.structs.replace(germinate, blueprint=self.blueprint)
-        return germinate
-
-
-class RandomValidPolicy:
-    """Uniform over the valid ops, then uniform over each used head's valid choices."""
-
-    def __init__(self, space: ActionSpace, seed: int) -> None:
-        self.space = space
-        self.gen = torch.Generator().manual_seed(seed + RANDOM_POLICY_SEED_OFFSET)
-
-    def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
-        zeros = torch.zeros(1, n, 1, device=device)
-        return zeros, zeros.clone()
-
-    def act(
-        self,
-        inp: PolicyInput,
-        hidden: Hidden,
-        *,
-        generator: torch.Generator | None = None,
-        deterministic: bool = False,
-    ) -> PolicyStep:
-        m = inp.masks
-        op = torch.multinomial(m.op.float(), 1, generator=self.gen).squeeze(-1)
-        cols = [op]
-        for name in HEAD_NAMES[1:]:
-            mask = m.slot_for_op(op) if name == "slot" else m.head(name)
-            cols.append(torch.multinomial(mask.float(), 1, generator=self.gen).squeeze(-1))
-        actions = torch.stack(cols, dim=1)
-        for i, o in enumerate(op.tolist()):  # host-side benchmark policy: no hot path
-            for h, name in enumerate(HEAD_NAMES):
-                if name not in RELEVANT_HEADS[LifecycleOp(o)]:
-                    actions[i, h] = CANONICAL_HEAD_VALUE[name]
-        n = op.shape[0]
-        zeros = torch.zeros(n, len(HEAD_NAMES))
-        op_probs = m.op.float() / m.op.float().sum(dim=1, keepdim=True)
-        return PolicyStep(actions, zeros, torch.zeros(n), op_probs, zeros, hidden)
-
-
-class StaticHostPolicy(RandomValidPolicy):
-    """Always WAIT: the host trains alone, no seed is ever germinated."""
-
-    def act(
-        self,
-        inp: PolicyInput,
-        hidden: Hidden,
-        *,
-        generator: torch.Generator | None = None,
-        deterministic: bool = False,
-    ) -> PolicyStep:
-        n = inp.masks.op.shape[0]
-        canon = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
-        actions = canon.repeat(n, 1)
-        actions[:, 0] = int(LifecycleOp.WAIT)
-        zeros = torch.zeros(n, len(HEAD_NAMES))
-        op_probs = torch.nn.functional.one_hot(actions[:, 0], inp.masks.op.shape[1]).float()
-        return PolicyStep(actions, zeros, torch.zeros(n), op_probs, zeros, hidden)
-
-
 def run_policy(cfg: Config, name: str, seed: int, data: Any) -> dict[str, Any]:
     """One run; per round the env means of the episode numbers, PPO's update stats."""
-    kind = "ppo" if name == "ppo" else "heuristic"
     run_cfg = with_overrides(
-        cfg, {"run.seed": seed, "policy.kind": kind, "telemetry.level": "lifecycle"}
+        cfg,
+        {"run.seed": seed, "telemetry.level": "lifecycle", **POLICY_OVERRIDES.get(name, {})},
     )
-    space = action_space_for(run_cfg, data)
-    policy = {
-        "random": lambda: RandomValidPolicy(space, seed),
-        "static": lambda: StaticHostPolicy(space, seed),
-        "eager": lambda: EagerGrower(space, run_cfg.policy),
-        "eager_heavy": lambda: EagerGrower(space, run_cfg.policy, blueprint=HEAVY_BLUEPRINT),
-    }.get(name, lambda: None)()
     hub = MemoryHub(run_id=f"{name}-s{seed}", level=TelemetryLevel.LIFECYCLE)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        train(run_cfg, telemetry=hub, data=data, policy=policy, save=Path(tmp) / "ckpt.pt")
+        train(run_cfg, telemetry=hub, data=data, save=Path(tmp) / "ckpt.pt")
     wall = time.perf_counter() - t0
     rounds = run_cfg.run.rounds
     per: dict[str, list[list[float]]] = {k: [[] for _ in range(rounds)] for k in ROUND_SERIES}

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import polars as pl
-from rich.console import Console
 
 from esper.errors import UserError
 from esper_analysis import compare
@@ -35,7 +34,15 @@ from esper_analysis.result import AnalysisResult, jsonable
 from esper_analysis.rewards import reward_breakdown
 from esper_analysis.rollbacks import rollback_audit
 from esper_analysis.schema import known_event_types
-from esper_analysis.tables import DEFAULT_MAX_ROWS, max_rows_arg, print_result, rich_tables
+from esper_analysis.tables import (
+    WIDTH_HELP,
+    add_max_rows,
+    console_for,
+    fits,
+    plural,
+    print_result,
+    rich_tables,
+)
 from esper_analysis.throughput import throughput
 
 EXIT_OK: Final = 0
@@ -55,8 +62,6 @@ ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
     "ppo": (ppo_health, "PPO losses, entropy per head, KL, explained variance"),
     "throughput": (throughput, "EPS and phase timings per round"),
 }
-#: Terminal width used when output is not a terminal (pipes, logs).
-PIPE_WIDTH: Final = 160
 #: Runs named in the error for a directory of runs given to a one-run analysis.
 MAX_NAMED_RUNS: Final = 5
 
@@ -65,40 +70,54 @@ class UsageError(AnalysisError):
     """A command line the analyses cannot act on (exit 2)."""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, json_help: str = "", rows: bool = True) -> None:
+    """RUN, ``--json`` (when the command prints something JSON can carry) and
+    ``--max-rows`` (when it prints tables)."""
     p.add_argument("run", metavar="RUN", help="run directory (<telemetry_dir>/<run_id>)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument(
-        "--max-rows",
-        type=max_rows_arg,
-        default=DEFAULT_MAX_ROWS,
-        help=f"rows shown per table, >= 1 (default {DEFAULT_MAX_ROWS})",
-    )
+    p.add_argument("--json", action="store_true", help=json_help or "print JSON instead of tables")
+    if rows:
+        add_max_rows(p)
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Analyse Esper telemetry runs (Parquet, polars)."
+        prog=prog,
+        description="Analyse Esper telemetry runs (Parquet, polars).",
+        epilog=WIDTH_HELP,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in ANALYSES.items():
-        _common(sub.add_parser(name, help=help_text, description=help_text))
-    baseline = sub.add_parser("baseline", help="capture or check an event-count baseline")
+        _common(sub.add_parser(name, help=help_text, description=help_text, epilog=WIDTH_HELP))
+    baseline = sub.add_parser(
+        "baseline",
+        help="capture or check an event-count baseline",
+        description="Capture a run's event counts as a JSON baseline, or check a run against "
+        "one (exit 0 match, 1 drift, 2 usage error).",
+    )
     bsub = baseline.add_subparsers(dest="baseline_command", required=True, metavar="ACTION")
-    capture = bsub.add_parser("capture", help="write a JSON baseline of a run")
-    _common(capture)
+    capture_help = "write a JSON baseline of a run's event counts"
+    capture = bsub.add_parser("capture", help=capture_help, description=capture_help)
+    _common(capture, json_help="also print the baseline as JSON (default: one line)", rows=False)
     capture.add_argument("-o", "--output", required=True, metavar="FILE", help="baseline file")
-    check = bsub.add_parser("check", help="compare a run with a baseline (exit 1 on drift)")
+    check_help = "compare a run with a baseline (exit 0 match, 1 drift)"
+    check = bsub.add_parser("check", help=check_help, description=check_help, epilog=WIDTH_HELP)
     _common(check)
     check.add_argument("--baseline", required=True, metavar="FILE", help="baseline file")
-    report = sub.add_parser("report", help="write a self-contained HTML report")
-    _common(report)
+    report_help = "write a self-contained HTML report of a run (plots, tables, no scripts)"
+    report = sub.add_parser("report", help=report_help, description=report_help)
+    _common(report, json_help="print the report's path as JSON (default: one line)", rows=False)
     report.add_argument(
         "-o", "--output", metavar="FILE", help="HTML file (default: <run dir>/report.html)"
     )
-    report.add_argument("--baseline", metavar="FILE", help="also show the baseline status")
     report.add_argument(
-        "--compare", nargs="+", default=[], metavar="RUN", help="overlay these runs' curves"
+        "--baseline", metavar="FILE", help="also show the baseline status (default: none)"
+    )
+    report.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="overlay these runs' curves, paired differences against RUN (default: none)",
     )
     compare.add_parser(sub)
     return parser
@@ -117,7 +136,7 @@ def _emit(out: TextIO, run: Run, result: AnalysisResult, args: argparse.Namespac
         payload = {"run": _run_info(run), **result.to_json()}
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return
-    console = _console(out)
+    console = console_for(out)
     console.print(f"[bold]run[/bold] {run.run_id} ({run.status.value}) — {run.path}")
     print_result(result, console, max_rows=args.max_rows)
 
@@ -136,8 +155,9 @@ def _baseline(args: argparse.Namespace, run: Run, out: TextIO) -> int:
         return EXIT_OK
     result = check_baseline(run, read_baseline(args.baseline))
     _emit(out, run, result, args)
-    if not args.json:
-        out.write(("OK: " if result.ok else "DRIFT: ") + result.message() + "\n")
+    if not args.json:  # wrapped at the tables' width, like them
+        verdict = ("OK: " if result.ok else "DRIFT: ") + result.message()
+        console_for(out).print(verdict, markup=False, highlight=False)
     return EXIT_OK if result.ok else EXIT_DRIFT
 
 
@@ -186,11 +206,17 @@ def _counts_of_runs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return EXIT_OK
     table = _per_run_table(runs, results)
-    console = _console(out)
-    console.print(f"[bold]{len(runs)} runs[/bold] under {args.run}")
-    for run in runs:
+    console = console_for(out)
+    # Run names too long for one table at this width: the columns are numbered instead.
+    numbered = not fits(table, console.width)
+    if numbered:
+        table.columns = ["type", *(f"#{i}" for i in range(1, len(runs) + 1))]
+    console.print(f"[bold]{plural(len(runs), 'run')}[/bold] under {args.run}", highlight=False)
+    for i, run in enumerate(runs, start=1):
         other_id = f" (run id {run.run_id})" if run.run_id != run.path.name else ""
-        console.print(f"  {run.path.name}{other_id}: {run.status.value}")
+        label = f"#{i} " if numbered else ""
+        line = f"  {label}{run.path.name}{other_id}: {run.status.value}"
+        console.print(line, markup=False, highlight=False)
     for part in rich_tables("Events per run", table, args.max_rows, width=console.width):
         console.print()
         console.print(part)
@@ -212,10 +238,6 @@ def _unique_name(name: str, taken: dict[str, Any]) -> str:
         n += 1
         candidate = f"{name}#{n}"
     return candidate
-
-
-def _console(out: TextIO) -> Console:
-    return Console(file=out, width=None if out.isatty() else PIPE_WIDTH)
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -23,6 +23,7 @@ import polars as pl
 from esper_analysis.errors import AnalysisError
 from esper_analysis.loader import Run, load_run
 from esper_analysis.result import AnalysisResult, jsonable
+from esper_analysis.tables import WIDTH_HELP, add_max_rows
 
 #: The per-episode numbers a comparison reads from ``episode_finished``.
 _EPISODE_COLUMNS: Final = (
@@ -162,19 +163,20 @@ def add_parser(sub: Any) -> None:
         help="compare runs: curves and paired differences against the first run",
         description=(
             "Compare runs side by side; the first RUN is the reference, the others are "
-            "paired with it by (round, env)."
+            "paired with it by (round, env). Runs with the same seed train the same hosts "
+            "whatever their policy, so a PPO run and its baselines "
+            "(esper train --policy heuristic|eager|random|static) compare pair by pair."
         ),
+        epilog=WIDTH_HELP,
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--max-rows", type=int, default=40, help="rows shown per table")
+    add_max_rows(p)
 
 
 def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``esper analyze compare``; returns the exit code (errors raise AnalysisError: 2)."""
-    from rich.console import Console
-
-    from esper_analysis.tables import print_result
+    from esper_analysis.tables import console_for, print_result
 
     runs = [load_run(path) for path in args.runs]
     for run in runs:
@@ -186,9 +188,7 @@ def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         payload = {"runs_compared": info, **result.to_json()}
         out.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
         return 0
-    console = Console(file=out, width=None if out.isatty() else 160)
-    console.print(f"[bold]reference[/bold] {result.reference}; {result.n_runs} runs")
-    print_result(result, console, max_rows=args.max_rows)
+    print_result(result, console_for(out), max_rows=args.max_rows)  # its summary names them
     return 0
 
 

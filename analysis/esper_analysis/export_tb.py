@@ -30,8 +30,8 @@ from esper_analysis.rewards import reward_breakdown
 
 #: What to install when the extra is missing (one line, printed as the error).
 INSTALL_HINT: Final = (
-    "esper export tensorboard needs the optional tensorboard package: "
-    'pip install -e ".[tensorboard]" (or pip install tensorboard)'
+    "esper export tensorboard needs the optional tensorboard package: from the Esper "
+    'checkout, python -m pip install -c constraints.txt -e ".[tensorboard]"'
 )
 #: round_finished fields exported as ``round/<field>``.
 ROUND_FIELDS: Final = ("mean_episode_reward", "mean_final_accuracy", "eps", "wall_s", "rollbacks")

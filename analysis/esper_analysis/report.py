@@ -36,7 +36,7 @@ from esper_analysis.svg import (
     stacked_bars,
     timeline,
 )
-from esper_analysis.tables import format_value, html_table
+from esper_analysis.tables import format_value, html_table, legends
 from esper_analysis.throughput import Throughput, throughput
 
 #: File name of a run's report inside its directory (`esper train --report`, and
@@ -46,9 +46,12 @@ REPORT_NAME: Final = "report.html"
 TIMELINE_ROUNDS: Final = 6
 #: Rounds are grouped into at most this many columns in the action chart.
 ACTION_BINS: Final = 60
-#: Reward components as the report names them: ``fossilize_bonus`` is negative when a
-#: seed that does not help is fossilized, which reads like a sign bug under that name.
-COMPONENT_LABELS: Final = {"fossilize_bonus": "fossilize: +helps, −hurts"}
+#: Said under the component charts: the name is the CLI's and TensorBoard's, and a
+#: negative bonus otherwise reads like a sign bug.
+COMPONENT_NOTE: Final = (
+    "fossilize_bonus is positive when the fossilized seed helps and negative when it "
+    "hurts (or adds nothing); each chart has its own scale."
+)
 #: Small multiples of the reward components: charts per row and their size.
 SMALL_W: Final = 272
 SMALL_H: Final = 150
@@ -98,6 +101,11 @@ def _table(frame: pl.DataFrame, **kwargs: Any) -> str:
     return html_table(_zero_not_negative(frame), **kwargs)
 
 
+def _legends(frame: pl.DataFrame) -> str:
+    """What the table's missing values mean (the terminal tables' legends)."""
+    return "".join(f"<p class='note'>{html.escape(text)}</p>" for text in legends(frame))
+
+
 def _learning_curve(run: Run, span: tuple[float, float] | None) -> str:
     frame = run.scan("round_finished").select(
         "round", reward="mean_episode_reward", accuracy="mean_final_accuracy"
@@ -145,7 +153,7 @@ def _reward_components(rewards: RewardBreakdown, span: tuple[float, float] | Non
     charts = [
         line_chart(
             f"reward-{c}",
-            COMPONENT_LABELS.get(c, c),
+            c,
             [Series(c, rounds, df[c].to_list(), color=color(i))],
             x_label="round",
             y_label="mean per step",
@@ -167,7 +175,12 @@ def _reward_components(rewards: RewardBreakdown, span: tuple[float, float] | Non
     )
     points = sum(int(v) for v in _POINTS.findall("".join([*charts, total])))
     body = "".join([*charts, total])
-    return f'<div class="row" data-plot="reward-components" data-points="{points}">{body}</div>'
+    note = (
+        f"<p class='note'>{html.escape(COMPONENT_NOTE)}</p>" if "fossilize_bonus" in active else ""
+    )
+    return (
+        f'<div class="row" data-plot="reward-components" data-points="{points}">{body}</div>' + note
+    )
 
 
 def _episode_length(run: Run, segments: pl.DataFrame) -> int:
@@ -345,7 +358,7 @@ def _rollbacks(audit: RollbackAudit) -> str:
     )
     episode = verdict(audit.all_reached_episode, "episode outcome", True, "")
     summary = f"<p>{audit.count} rollback(s). {buffer} · {episode}</p>"
-    return summary + _table(audit.rollbacks)
+    return summary + (_table(audit.rollbacks) if audit.rollbacks.height else "")
 
 
 def _reward_check(rewards: RewardBreakdown) -> str:
@@ -367,10 +380,9 @@ def _reward_check(rewards: RewardBreakdown) -> str:
             + html.escape(", ".join(rewards.missing_components))
             + "</p>"
         )
-    by_component = rewards.by_component.select(
-        "component", "sum", "mean", "min", "max", "nonzero"
-    ).with_columns(pl.col("component").replace(COMPONENT_LABELS))
-    return text + _table(rewards.flagged, max_rows=10) + _table(by_component)
+    by_component = rewards.by_component.select("component", "sum", "mean", "min", "max", "nonzero")
+    flagged = _table(rewards.flagged, max_rows=10) if rewards.flagged.height else ""
+    return text + flagged + _table(by_component)
 
 
 def _baseline(check: BaselineCheck | None, source: str) -> str:
@@ -379,7 +391,8 @@ def _baseline(check: BaselineCheck | None, source: str) -> str:
     klass = "ok" if check.ok else "bad"
     head = f"<p class='{klass}'>{html.escape(check.message())}</p>"
     note = f"<p class='note'>baseline: {html.escape(source)}</p>"
-    return head + note + _table(check.drift) + _table(check.types, max_rows=100)
+    drift = _table(check.drift) if check.drift.height else ""
+    return head + note + drift + _table(check.types, max_rows=100)
 
 
 def _section(title: str, body: str, *, plots: bool = False) -> str:
@@ -416,7 +429,7 @@ def build_report(
         _compare(run, compare_with),
         _section("Reward components over time", _reward_components(rewards, span), plots=True),
         _section("Seed lifecycles", _timeline(run, lc), plots=True),
-        _section("Per-blueprint outcomes", _table(lc.by_blueprint)),
+        _section("Per-blueprint outcomes", _table(lc.by_blueprint) + _legends(lc.by_blueprint)),
         _section("Action distribution", _actions(actions, span), plots=True),
         _section("PPO health", _ppo(ppo_health(run), span), plots=True),
         _section("Throughput", _throughput(tp, span), plots=True),

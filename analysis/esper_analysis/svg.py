@@ -22,8 +22,19 @@ HEIGHT: Final = 260
 _MARGIN_L, _MARGIN_R, _MARGIN_T, _MARGIN_B = 58, 16, 30, 40
 _TICKS: Final = 5
 _LEGEND_ROW: Final = 14
-#: Extra right margin that holds a legend beside the plot area.
+#: Extra right margin that holds a legend beside the plot area (at least this wide, at
+#: most :data:`_LEGEND_MAX_SHARE` of the chart: longer names go in rows under the plot).
 _LEGEND_W: Final = 130
+_LEGEND_MAX_SHARE: Final = 0.4
+#: A legend entry: colour swatch and gap before its name, and space after it.
+_LEGEND_SWATCH: Final = 24
+#: Room left of the y tick labels for the rotated axis title (centred at x = 12).
+_Y_TITLE_ROOM: Final = 22
+#: Gap between a y tick label and the plot area.
+_TICK_GAP: Final = 6
+#: A constant series is drawn on an axis this fraction of its value above and below it
+#: (a zero series on +-1), so a flat line reads as its value, not as zero.
+_FLAT_PAD: Final = 0.5
 #: Share of its slot a bar fills (the rest is the gap between bars).
 _BAR_FILL: Final = 0.9
 #: Bar labels longer than fit their slot are drawn at this angle, with this much more
@@ -105,8 +116,9 @@ def nice_ticks(lo: float, hi: float, n: int = _TICKS, *, integer: bool = False) 
     """
     if not (_finite(lo) and _finite(hi)):
         return []
-    if hi <= lo:
-        hi = lo + 1.0
+    if hi <= lo:  # one value: an axis around it, scaled to it
+        pad = abs(lo) * _FLAT_PAD or 1.0
+        lo, hi = lo - pad, lo + pad
     raw = (hi - lo) / max(1, n)
     if not (math.isfinite(raw) and raw > 0):  # a span too wide or too narrow for floats
         return []
@@ -156,9 +168,10 @@ class _Frame:
         *,
         width: int,
         height: int,
-        legend: bool = False,
+        legend: int = 0,
         integer_x: bool = False,
     ) -> None:
+        """``legend``: the width of a legend beside the plot area (0: none there)."""
         self.width, self.height = width, height
         self.xt = nice_ticks(*x_range, integer=integer_x)
         self.yt = nice_ticks(*y_range)
@@ -168,8 +181,10 @@ class _Frame:
             self.x1 = self.x0 + max(1.0, abs(self.x0))
         if not self.y1 > self.y0:
             self.y1 = self.y0 + max(1.0, abs(self.y0))
-        self.left = _MARGIN_L
-        self.right = width - _MARGIN_R - (_LEGEND_W if legend else 0)
+        # The y tick labels stand between the rotated axis title and the plot area.
+        widest = max((_text_px(fmt(t)) for t in self.yt), default=0.0)
+        self.left = max(_MARGIN_L, math.ceil(_Y_TITLE_ROOM + widest + _TICK_GAP))
+        self.right = width - _MARGIN_R - legend
         self.top, self.bottom = _MARGIN_T, height - _MARGIN_B
 
     def px(self, x: float) -> float:
@@ -192,7 +207,7 @@ class _Frame:
             for t in self.yt:
                 y = self.py(t)
                 out.append(_grid_line(self.left, y, self.right, y))
-                out.append(_text("tick", self.left - 6, y + 4, fmt(t), "end"))
+                out.append(_text("tick", self.left - _TICK_GAP, y + 4, fmt(t), "end"))
         out.append(
             f'<text class="label" x="{(self.left + self.right) / 2:.0f}" y="{self.bottom + 32}" '
             f'text-anchor="middle">{html.escape(x_label)}</text>'
@@ -222,11 +237,33 @@ def empty_plot(name: str, title: str, message: str, *, width: int = WIDTH, heigh
     return _svg(name, 0, width, height, body)
 
 
+def _text_px(text: str) -> float:
+    """Approximate width of a tick or legend label (10 px sans-serif)."""
+    return len(text) * _CHAR_PX
+
+
+def legend_width(names: Sequence[str], width: int) -> int:
+    """The right margin a legend of ``names`` needs beside the plot; 0 when a name is too
+    long for :data:`_LEGEND_MAX_SHARE` of the chart (the legend then goes under it)."""
+    need = max(_LEGEND_W, math.ceil(max(map(_text_px, names), default=0.0) + _LEGEND_SWATCH))
+    return need if need <= width * _LEGEND_MAX_SHARE else 0
+
+
+def legend_rows(names: Sequence[str], legend_w: int) -> int:
+    """Extra chart height for a legend under the plot (none beside it)."""
+    return 0 if legend_w else len(names) * _LEGEND_ROW + 4
+
+
 def _legend(names: Sequence[str], colors: Sequence[str], frame: _Frame) -> list[str]:
+    """Beside the plot area when it has a legend margin, else in rows under the x axis
+    title, so no name is cut at the chart's edge."""
+    beside = frame.width - _MARGIN_R > frame.right
     out = []
     for i, (name, c) in enumerate(zip(names, colors, strict=True)):
-        y = frame.top + 4 + i * _LEGEND_ROW
-        x = frame.right + 10
+        if beside:
+            x, y = frame.right + 10, frame.top + 4 + i * _LEGEND_ROW
+        else:
+            x, y = frame.left, frame.bottom + _MARGIN_B + i * _LEGEND_ROW
         out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{c}"/>')
         out.append(f'<text class="legend" x="{x + 14}" y="{y + 9}">{html.escape(name)}</text>')
     return out
@@ -254,14 +291,18 @@ def line_chart(
         return empty_plot(name, title, "no data")
     xs_all = [v[0] for v in values] + (list(x_range) if x_range else [])
     ys_all = [v[1] for v in values]
+    names = [s.name for s, _, _ in drawn] if len(drawn) > 1 else []
+    legend_w = legend_width(names, width) if names else 0
+    height += legend_rows(names, legend_w) if names else 0
     frame = _Frame(
         (min(xs_all), max(xs_all)),
         (min(ys_all), max(ys_all)),
         width=width,
         height=height,
-        legend=len(drawn) > 1,
+        legend=legend_w,
         integer_x=all(float(x).is_integer() for x in xs_all),
     )
+    frame.bottom -= legend_rows(names, legend_w) if names else 0
     body = frame.axes(title, x_label, y_label)
     colors = []
     for i, (s, xs, ys) in enumerate(drawn):
@@ -281,8 +322,8 @@ def line_chart(
         if len(cmds) == 1:
             cx, cy = cmds[0][1:].split(",")
             body.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{c}"/>')
-    if len(drawn) > 1:
-        body += _legend([s.name for s, _, _ in drawn], colors, frame)
+    if names:
+        body += _legend(names, colors, frame)
     return _svg(name, len(values), width, height, body)
 
 
@@ -350,14 +391,18 @@ def stacked_bars(
     lo, hi = min(xs), max(xs)
     if x_range is not None:
         lo, hi = min(lo, x_range[0]), max(hi, x_range[1])
+    names = list(stacks)
+    legend_w = legend_width(names, width)
+    height += legend_rows(names, legend_w)
     frame = _Frame(
         (lo - step / 2, hi + step / 2),
         (0.0, max(totals) or 1.0),
         width=width,
         height=height,
-        legend=True,
+        legend=legend_w,
         integer_x=all(float(x).is_integer() for x in xs),
     )
+    frame.bottom -= legend_rows(names, legend_w)
     frame.x0, frame.x1 = lo - step / 2, hi + step / 2  # not the rounded ticks' span
     frame.xt = [t for t in frame.xt if frame.x0 <= t <= frame.x1]
     body = frame.axes(title, x_label, y_label)
@@ -377,7 +422,7 @@ def stacked_bars(
             )
             base += v
             drawn += 1
-    body += _legend(list(stacks), [color(j) for j in range(len(stacks))], frame)
+    body += _legend(names, [color(j) for j in range(len(stacks))], frame)
     return _svg(name, drawn, width, height, body)
 
 

@@ -2,7 +2,10 @@
 
 Terminal tables never shrink a cell: a table wider than the console is split into
 several tables of whole columns, each repeating the leading identifier columns
-(:data:`KEY_COLUMNS`), so every number stays complete at 80 columns.
+(:data:`KEY_COLUMNS`), and columns read together (:data:`COLUMN_GROUPS`: expected and
+got, a mean and its standard error) stay in one part, so every number stays complete and
+findable at 80 columns. The width is the terminal's, or ``COLUMNS`` when set (also for
+a pipe or a file), else :data:`PIPE_WIDTH` when the output is not a terminal.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import argparse
 import html
 import math
-from typing import Any, Final
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TextIO
 
 import polars as pl
 from rich.cells import cell_len
@@ -21,14 +26,69 @@ from esper_analysis.errors import AnalysisError
 from esper_analysis.result import AnalysisResult
 
 DEFAULT_MAX_ROWS: Final = 40
+#: Table width when the output is a pipe or a file and ``COLUMNS`` is not set.
+PIPE_WIDTH: Final = 100
 #: Identifier columns: when they lead a table that must be split, every part repeats them.
 KEY_COLUMNS: Final = frozenset(
-    {"run_id", "rank", "round", "env", "step", "type", "component", "op", "head", "blueprint"}
-    | {"slot", "seed_id"}
+    {"run_id", "run", "id", "rank", "round", "env", "step", "type", "component", "op", "head"}
+    | {"blueprint", "slot", "seed_id", "metric", "dimension", "key"}
 )
+#: Columns read together: a split never separates those of a table (the group goes
+#: where its first column is).
+COLUMN_GROUPS: Final = (
+    ("expected", "got", "delta", "status"),
+    ("mean_diff", "std_err"),
+    ("total", "component_sum", "diff"),
+    ("total", "episode_reward_reported"),
+)
+#: What a column's missing values mean, printed under a table that shows them.
+COLUMN_LEGENDS: Final = {
+    "contribution": "contribution: — the seed is still alive (no fossilize or prune event); "
+    "nan: it ended before a counterfactual measured it",
+    "mean_contribution": "mean_contribution: — no ended seed of this blueprint was measured",
+    "mean_contribution_fossilized": "mean_contribution_fossilized: — none was fossilized",
+}
 #: Rich's box per column (a space each side and one rule), and the closing rule.
 _COLUMN_CHROME: Final = 3
 _TABLE_CHROME: Final = 1
+
+
+def output_width(out: TextIO, environ: Mapping[str, str] | None = None) -> int | None:
+    """Table width for ``out``: ``COLUMNS`` when set to a positive number, else the
+    terminal's (None: rich measures it), else :data:`PIPE_WIDTH` for a pipe or file."""
+    text = (os.environ if environ is None else environ).get("COLUMNS", "")
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    return None if out.isatty() else PIPE_WIDTH
+
+
+def console_for(out: TextIO) -> Console:
+    """A rich console writing to ``out`` at :func:`output_width`."""
+    return Console(file=out, width=output_width(out))
+
+
+#: How to get wider (or narrower) tables, for ``--help``.
+WIDTH_HELP: Final = (
+    "Tables fit the terminal's width, or COLUMNS when set (COLUMNS=200 for wide output), "
+    f"{PIPE_WIDTH} columns in a pipe or file; a wider table is split into parts that "
+    "repeat its key columns."
+)
+
+
+def add_max_rows(parser: argparse.ArgumentParser) -> None:
+    """``--max-rows`` (validated by argparse before anything runs)."""
+    parser.add_argument(
+        "--max-rows",
+        type=max_rows_arg,
+        default=DEFAULT_MAX_ROWS,
+        metavar="N",
+        help=f"rows shown per table, >= 1 (default: {DEFAULT_MAX_ROWS})",
+    )
+
+
+def plural(n: int, word: str) -> str:
+    """``1 env``, ``2 envs``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def max_rows_arg(text: str) -> int:
@@ -71,19 +131,22 @@ def rich_table(title: str, frame: pl.DataFrame, max_rows: int = DEFAULT_MAX_ROWS
 
 
 def rich_tables(
-    title: str, frame: pl.DataFrame, max_rows: int = DEFAULT_MAX_ROWS, *, width: int | None
+    title: str,
+    frame: pl.DataFrame,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    *,
+    width: int | None,
+    keys: Sequence[str] | None = None,
 ) -> list[Table]:
     """The frame as rich tables that each fit ``width`` cells (one table if None or if it fits).
 
-    Cells are never cut: columns go whole into the part that has room for them.
+    Cells are never cut: columns go whole into the part that has room for them, after
+    the key columns (``keys``; default the leading :data:`KEY_COLUMNS`).
     """
-    shown = frame.head(max_rows)
-    cells = [[format_value(v) for v in row] for row in shown.iter_rows()]
-    widths = [
-        max([cell_len(name)] + [cell_len(row[i]) for row in cells])
-        for i, name in enumerate(frame.columns)
-    ]
-    groups = [list(range(frame.width))] if width is None else _column_groups(frame, widths, width)
+    cells, widths = _cells(frame, max_rows)
+    groups = (
+        [list(range(frame.width))] if width is None else _column_groups(frame, widths, width, keys)
+    )
     tables = []
     for number, group in enumerate(groups, start=1):
         part = f" ({number}/{len(groups)})" if len(groups) > 1 else ""
@@ -105,28 +168,103 @@ def rich_tables(
     return tables
 
 
-def _column_groups(frame: pl.DataFrame, widths: list[int], width: int) -> list[list[int]]:
-    """Pack the columns into parts no wider than ``width``, each led by the key columns."""
-    keys: list[int] = []
+def _cells(frame: pl.DataFrame, max_rows: int) -> tuple[list[list[str]], list[int]]:
+    """The shown rows as text, and each column's width (its header included)."""
+    cells = [[format_value(v) for v in row] for row in frame.head(max_rows).iter_rows()]
+    widths = [
+        max([cell_len(name)] + [cell_len(row[i]) for row in cells])
+        for i, name in enumerate(frame.columns)
+    ]
+    return cells, widths
+
+
+def fits(frame: pl.DataFrame, width: int | None, max_rows: int = DEFAULT_MAX_ROWS) -> bool:
+    """Does the whole frame fit ``width`` cells as one table (None: any width)?"""
+    if width is None:
+        return True
+    _, widths = _cells(frame, max_rows)
+    return _TABLE_CHROME + sum(w + _COLUMN_CHROME for w in widths) <= width
+
+
+def _leading_keys(frame: pl.DataFrame, keys: Sequence[str] | None) -> list[int]:
+    if keys is not None:
+        return [frame.columns.index(k) for k in keys if k in frame.columns]
+    leading: list[int] = []
     for i, name in enumerate(frame.columns):
         if name not in KEY_COLUMNS:
             break
-        keys.append(i)
-    key_width = _TABLE_CHROME + sum(widths[i] + _COLUMN_CHROME for i in keys)
-    if key_width > width // 2:  # keys too wide to repeat: plain column packing
-        keys, key_width = [], _TABLE_CHROME
-    rest = [i for i in range(frame.width) if i not in keys]
-    groups: list[list[int]] = []
-    current, used = list(keys), key_width
+        leading.append(i)
+    return leading
+
+
+def _units(frame: pl.DataFrame, rest: list[int], together: bool) -> list[list[int]]:
+    """The non-key columns as units a split keeps whole (a :data:`COLUMN_GROUPS` group,
+    at its first column's place, or one column)."""
+    names = frame.columns
+    placed: set[int] = set()
+    units: list[list[int]] = []
     for i in rest:
-        need = widths[i] + _COLUMN_CHROME
-        if used + need > width and len(current) > len(keys):
-            groups.append(current)
-            current, used = list(keys), key_width
-        current.append(i)
-        used += need
-    groups.append(current)
-    return groups
+        if i in placed:
+            continue
+        unit = [i]
+        if together:
+            for group in COLUMN_GROUPS:
+                if names[i] in group:
+                    unit = [j for j in rest if names[j] in group and j not in placed]
+                    break
+        placed.update(unit)
+        units.append(unit)
+    return units
+
+
+def _column_groups(
+    frame: pl.DataFrame, widths: list[int], width: int, keys: Sequence[str] | None
+) -> list[list[int]]:
+    """Pack the columns into parts no wider than ``width``, each led by the key columns.
+
+    The keys are repeated whole while the widest column still fits beside them (else
+    the trailing keys are dropped); groups stay whole where they fit beside the keys.
+    """
+
+    def need(cols: list[int]) -> int:
+        return sum(widths[i] + _COLUMN_CHROME for i in cols)
+
+    if _TABLE_CHROME + need(list(range(frame.width))) <= width:
+        return [list(range(frame.width))]
+    lead = _leading_keys(frame, keys)
+    while lead:  # the keys, then room for the widest other column beside them
+        widest = max((need([i]) for i in range(frame.width) if i not in lead), default=0)
+        if _TABLE_CHROME + need(lead) + widest <= width:
+            break
+        lead = lead[:-1]
+    rest = [i for i in range(frame.width) if i not in lead]
+    units = _units(frame, rest, together=True)
+    if any(_TABLE_CHROME + need(lead) + need(u) > width for u in units):
+        units = _units(frame, rest, together=False)
+    key_width = _TABLE_CHROME + need(lead)
+    parts: list[list[int]] = []
+    current, used = list(lead), key_width
+    for unit in units:
+        if used + need(unit) > width and len(current) > len(lead):
+            parts.append(current)
+            current, used = list(lead), key_width
+        current += unit
+        used += need(unit)
+    parts.append(current)
+    return parts
+
+
+def legends(frame: pl.DataFrame) -> list[str]:
+    """:data:`COLUMN_LEGENDS` of the columns of ``frame`` that hold a missing value."""
+    out = []
+    for name, text in COLUMN_LEGENDS.items():
+        if name not in frame.columns:
+            continue
+        column = frame[name]
+        nan = column.dtype.is_float() and bool(column.is_nan().any())
+        if column.null_count() or nan:
+            out.append(text)
+    return out
 
 
 def print_result(
@@ -148,12 +286,13 @@ def print_result(
             console.print(f"[bold]{title}[/bold]: none")
             continue
         columns = [c for c in result.TEXT_COLUMNS.get(key, frame.columns) if c in frame.columns]
-        for number, table in enumerate(
-            rich_tables(title, frame.select(columns), max_rows, width=console.width)
-        ):
+        shown = frame.select(columns)
+        for number, table in enumerate(rich_tables(title, shown, max_rows, width=console.width)):
             if number:
                 console.print()
             console.print(table)
+        for text in legends(shown.head(max_rows)):
+            console.print(text, markup=False)
 
 
 def html_table(frame: pl.DataFrame, *, max_rows: int = DEFAULT_MAX_ROWS, css: str = "") -> str:

@@ -25,11 +25,15 @@ from rich.table import Table
 from rich.text import Text
 
 from esper.core.enums import RunStatus, SeedStage
-from esper_analysis.errors import CorruptFileError
+from esper_analysis.errors import CorruptFileError, RunNotFoundError
 from esper_analysis.live_reader import RunReader
+from esper_analysis.loader import is_run_dir
+from esper_analysis.tables import plural
 
 #: Longest allowed refresh interval (the issue's bound) and the default.
 MAX_REFRESH_S: Final = 1.0
+#: Poll interval while waiting for a run directory to appear.
+WAIT_POLL_S: Final = 0.2
 #: Reads retried per refresh when a part vanishes mid-read (compaction), and the pause.
 READ_ATTEMPTS: Final = 3
 RETRY_PAUSE_S: Final = 0.05
@@ -245,7 +249,8 @@ _STATUS_STYLE: Final = {
 def _header(s: WatchState) -> Text:
     text = Text(f"run {s.run_id}  ")
     text.append(s.status, style=_STATUS_STYLE.get(s.status, ""))
-    text.append(f"  {s.task} · {s.policy} · {s.n_envs} envs × {s.episode_length} steps")
+    shape = f"{plural(s.n_envs, 'env')} × {plural(s.episode_length, 'step')}"
+    text.append(f"  {s.task} · {s.policy} · {shape}")
     if s.error:
         text.append(f"\nerror: {s.error}", style="red")
     return text
@@ -259,9 +264,12 @@ def _round(s: WatchState) -> str:
 def _progress_lines(s: WatchState) -> Text:
     shown_round = _round(s)
     step = f"{s.step + 1}/{s.episode_length}" if s.step >= 0 else "—"
+    # The round in progress has a live EPS; once the run stopped there is only the last
+    # completed round's (one EPS per round, as the trainer reported it).
+    live = f"  this round {_fmt(s.eps_live)}" if s.status == RunStatus.RUNNING.value else ""
     text = Text(
         f"round {shown_round} (done {s.rounds_done})  step {step}  env-steps {s.env_steps}\n"
-        f"EPS last round {_fmt(s.eps_last)}  this round {_fmt(s.eps_live)}\n"
+        f"EPS last round {_fmt(s.eps_last)}{live}\n"
     )
     last = s.rewards[-1] if s.rewards else None
     text.append(f"mean episode reward/round {sparkline(s.rewards)} last {_fmt(last, '+.3f')}")
@@ -304,6 +312,43 @@ def render(s: WatchState) -> RenderableType:
     return Group(*parts)
 
 
+def wait_for_run(
+    path: str | Path,
+    timeout_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    on_wait: Callable[[], None] = lambda: None,
+) -> None:
+    """Return once ``path`` is a run directory; ``on_wait`` is called once if it is not
+    yet. A run that does not appear within ``timeout_s`` is a :class:`RunNotFoundError`,
+    and so at once is a directory of runs (it will not become one)."""
+    run_dir = Path(path)
+    deadline = clock() + timeout_s
+    waited = False
+    while not is_run_dir(run_dir):
+        if _holds_runs(run_dir):
+            names = ", ".join(sorted(p.name for p in run_dir.iterdir() if is_run_dir(p))[:5])
+            raise RunNotFoundError(
+                f"{run_dir} holds runs ({names}), it is not one: pass a run directory"
+            )
+        if clock() >= deadline:
+            raise RunNotFoundError(
+                f"no run appeared at {run_dir} within {timeout_s:g} s "
+                "(is the training started with this --telemetry-dir and --run-id? "
+                "--wait S waits longer)"
+            )
+        if not waited:
+            on_wait()
+            waited = True
+        sleep(WAIT_POLL_S)
+
+
+def _holds_runs(path: Path) -> bool:
+    """A telemetry directory (runs in it), not a run that is starting."""
+    return path.is_dir() and any(p.is_dir() and is_run_dir(p) for p in path.iterdir())
+
+
 def watch(
     path: str | Path,
     console: Console,
@@ -311,8 +356,20 @@ def watch(
     once: bool = False,
     refresh_s: float = MAX_REFRESH_S,
     sleep: Callable[[float], None] = time.sleep,
+    wait_s: float = 0.0,
 ) -> WatchState:
-    """Show the run until it is no longer running (or once); returns the last state."""
+    """Show the run until it is no longer running (or once); returns the last state.
+
+    ``wait_s``: how long to wait for a run directory that does not exist yet (a watcher
+    started a moment before the trainer).
+    """
+
+    def waiting() -> None:
+        console.print(
+            f"waiting up to {wait_s:g} s for run {path} to start ...", markup=False, soft_wrap=True
+        )
+
+    wait_for_run(path, wait_s, sleep=sleep, on_wait=waiting)
     reader = RunReader(path)
 
     def read(p: str | Path) -> WatchState:

@@ -8,9 +8,12 @@ reference numbers are listed in ``docs/config.md``.
 
 from __future__ import annotations
 
+import difflib
+import enum
 import hashlib
 import math
 import re
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +41,7 @@ from esper.core.constants import (
     STABILISATION_MAX_ACC_GAIN_PP,
     TEMPOS,
 )
+from esper.core.datasets import TEXT_SOURCE, cifar_how_to_get
 from esper.core.enums import (
     AmpMode,
     GerminationStyle,
@@ -124,7 +128,25 @@ class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     grad_clip: PositiveFloat = HOST_GRAD_CLIP
 
 
+class EagerConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The eager grower's germination (``[policy.eager]``); its other rules (fossilize,
+    prune, stall, rotation penalties) are the heuristic's ``[policy]`` keys."""
+
+    #: Germination rotation order (one name: always that blueprint; those the host does
+    #: not offer are skipped, recently pruned ones avoided).
+    blueprints: list[str] = msgspec.field(default_factory=lambda: list(HEURISTIC_BLUEPRINT_ORDER))
+    #: Slots to germinate in, the first free one first; slots not listed are never grown.
+    #: Empty: every slot, in the host's order.
+    slot_order: list[str] = msgspec.field(default_factory=list)
+    style: StyleName = HEURISTIC_STYLE
+    #: Blend length in epochs at germination (one of ``TEMPOS``), also the retarget speed.
+    tempo: Positive = HEURISTIC_TEMPO
+    #: Alpha target at germination and when retargeting (one of ``ALPHA_TARGETS``).
+    alpha_target: PositiveFloat = HEURISTIC_ALPHA_TARGET
+
+
 class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    #: ppo | heuristic | eager | random | static (``esper train --policy``).
     kind: PolicyKind = PolicyKind.PPO
     feature_dim: Positive = 128
     lstm_hidden: Positive = 128
@@ -165,6 +187,8 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     heuristic_stall_epochs: Positive = HEURISTIC_STALL_EPOCHS
     heuristic_prune_penalty: NonNegativeFloat = HEURISTIC_PRUNE_PENALTY
     heuristic_penalty_decay: Fraction = HEURISTIC_PENALTY_DECAY
+    #: eager grower (``kind = "eager"``): what it germinates, where and how
+    eager: EagerConfig = msgspec.field(default_factory=EagerConfig)
 
 
 class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -363,7 +387,15 @@ def _validate(cfg: Config) -> Config:
                 f"got {bias}"
             )
     if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
-        raise ConfigError(f"$.task.data_path: task {cfg.task.name.value!r} needs a local path")
+        what = (
+            f"a directory: {cifar_how_to_get('it')}"
+            if cfg.task.name == TaskName.CIFAR10
+            else TEXT_SOURCE
+        )
+        raise ConfigError(
+            f"$.task.data_path: task {cfg.task.name.value!r} needs a local path "
+            f"(--data-path PATH), {what}; nothing is downloaded at run time"
+        )
     _check_blueprint_names(cfg.policy.blueprints, "blueprints")
     _check_menus(cfg.policy)
     _validate_heuristic(cfg.policy)
@@ -397,38 +429,61 @@ def _check_menu(menu: Sequence[object], allowed: Sequence[object], key: str) -> 
             raise ConfigError(f"$.policy.{key}[{i}]: {value!r} listed twice")
 
 
-def _check_menus(policy: PolicyConfig) -> None:
-    """The alpha-target, style and tempo menus, each with the heuristic's own choice in
-    it (the heuristic would otherwise choose a masked value)."""
-    styles = [s.name.lower() for s in GerminationStyle]
-    menus = (
-        ("alpha_targets", policy.alpha_targets, ALPHA_TARGETS, "heuristic_alpha_target"),
-        ("styles", policy.styles, styles, "heuristic_style"),
-        ("tempos", policy.tempos, TEMPOS, "heuristic_tempo"),
+def _rule_choices(policy: PolicyConfig) -> tuple[tuple[str, list[str], str, int, float], ...]:
+    """(key prefix, blueprints, style, tempo, alpha target) of each rule-based policy."""
+    eager = policy.eager
+    return (
+        (
+            "heuristic_",
+            policy.heuristic_blueprints,
+            policy.heuristic_style,
+            policy.heuristic_tempo,
+            policy.heuristic_alpha_target,
+        ),
+        ("eager.", eager.blueprints, eager.style, eager.tempo, eager.alpha_target),
     )
-    for key, menu, allowed, heuristic_key in menus:
-        _check_menu(menu, allowed, key)
-        choice = getattr(policy, heuristic_key)
-        if menu and choice not in menu:
-            raise ConfigError(
-                f"$.policy.{heuristic_key}: {choice!r} is not in policy.{key} {list(menu)}"
-            )
+
+
+def _check_menus(policy: PolicyConfig) -> None:
+    """The alpha-target, style and tempo menus; a rule-based policy's own choices must be
+    in them when it runs (it would otherwise choose a masked value)."""
+    styles = [s.name.lower() for s in GerminationStyle]
+    _check_menu(policy.alpha_targets, ALPHA_TARGETS, "alpha_targets")
+    _check_menu(policy.styles, styles, "styles")
+    _check_menu(policy.tempos, TEMPOS, "tempos")
+    running = {PolicyKind.HEURISTIC: "heuristic_", PolicyKind.EAGER: "eager."}.get(policy.kind)
+    for prefix, _, style, tempo, alpha_target in _rule_choices(policy):
+        if prefix != running:
+            continue
+        for key, menu, choice in (
+            ("alpha_targets", policy.alpha_targets, alpha_target),
+            ("styles", policy.styles, style),
+            ("tempos", policy.tempos, tempo),
+        ):
+            if menu and choice not in menu:
+                name = f"{prefix}{key.removesuffix('s')}"
+                raise ConfigError(
+                    f"$.policy.{name}: {choice!r} is not in policy.{key} {list(menu)}"
+                )
 
 
 def _validate_heuristic(policy: PolicyConfig) -> None:
-    """The heuristic's choices must be values the action heads can encode."""
-    if not policy.heuristic_blueprints:
-        raise ConfigError("$.policy.heuristic_blueprints: must name at least one blueprint")
-    _check_blueprint_names(policy.heuristic_blueprints, "heuristic_blueprints")
-    if policy.heuristic_tempo not in TEMPOS:
-        raise ConfigError(
-            f"$.policy.heuristic_tempo: must be one of {list(TEMPOS)}, got {policy.heuristic_tempo}"
-        )
-    if policy.heuristic_alpha_target not in ALPHA_TARGETS:
-        raise ConfigError(
-            f"$.policy.heuristic_alpha_target: must be one of {list(ALPHA_TARGETS)}, "
-            f"got {policy.heuristic_alpha_target}"
-        )
+    """The rule-based policies' choices must be values the action heads can encode."""
+    for prefix, blueprints, _, tempo, alpha_target in _rule_choices(policy):
+        if not blueprints:
+            raise ConfigError(f"$.policy.{prefix}blueprints: must name at least one blueprint")
+        _check_blueprint_names(blueprints, f"{prefix}blueprints")
+        if tempo not in TEMPOS:
+            raise ConfigError(f"$.policy.{prefix}tempo: must be one of {list(TEMPOS)}, got {tempo}")
+        if alpha_target not in ALPHA_TARGETS:
+            raise ConfigError(
+                f"$.policy.{prefix}alpha_target: must be one of {list(ALPHA_TARGETS)}, "
+                f"got {alpha_target}"
+            )
+    order = policy.eager.slot_order
+    for i, slot in enumerate(order):
+        if slot in order[:i]:
+            raise ConfigError(f"$.policy.eager.slot_order[{i}]: {slot!r} listed twice")
 
 
 def _check_finite(cfg: Config) -> None:
@@ -441,8 +496,38 @@ def _check_finite(cfg: Config) -> None:
                 raise ConfigError(f"$.{section}.{name}: must be a finite number, got {value}")
 
 
+_BAD_CHOICE = re.compile(
+    r"Invalid enum value '(?P<value>[^']*)' - at (`key` in )?`\$\.(?P<path>[\w.]+)`"
+)
+
+
+def _choices_at(path: str) -> list[str]:
+    """The values a choice field (an enum or a literal) at ``path`` accepts; for a
+    mapping (``policy.op_prior``), those of its keys."""
+    node: Any = Config
+    for name in path.split("."):
+        fields = typing.get_type_hints(node) if isinstance(node, type) else {}
+        if name not in fields:
+            return []
+        node = fields[name]
+    if typing.get_origin(node) is dict:
+        node = typing.get_args(node)[0]
+    if isinstance(node, type) and issubclass(node, enum.Enum):
+        return [str(m.value) for m in node]
+    return [str(v) for v in typing.get_args(node)] if typing.get_origin(node) is Literal else []
+
+
 def _convert_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
-    return ConfigError(f"{source}: {exc}")
+    """msgspec's message, plus the valid values and the nearest for a bad choice."""
+    text = str(exc)
+    bad = _BAD_CHOICE.search(text)
+    valid = _choices_at(bad["path"]) if bad else []
+    if bad and valid:
+        near = difflib.get_close_matches(bad["value"], valid, n=1, cutoff=0.5)
+        text += f" (choose from {', '.join(valid)}" + (
+            f"; did you mean {near[0]!r}?)" if near else ")"
+        )
+    return ConfigError(f"{source}: {text}")
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:

@@ -78,7 +78,9 @@ def test_missing_extra_is_a_one_line_error(scripted: tuple[Path, Script], tmp_pa
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and 'pip install -e ".[tensorboard]"' in lines[0], lines
+    assert len(lines) == 1 and 'pip install -c constraints.txt -e ".[tensorboard]"' in lines[0], (
+        lines
+    )
     assert not any(tmp_path.iterdir())
 
 

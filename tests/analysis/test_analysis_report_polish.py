@@ -16,7 +16,7 @@ from _analysis_support import LENGTH, N_ENVS, Script, _step_events, scripted_eve
 from esper_analysis.cli import main
 from esper_analysis.loader import load_run
 from esper_analysis.report import (
-    COMPONENT_LABELS,
+    COMPONENT_NOTE,
     _reward_check,
     _rollbacks,
     _table,
@@ -80,7 +80,11 @@ def test_report_marks_prunes_and_draws_components_apart(scripted_run: Path) -> N
     assert fossil and float(fossil.group(1)) > 20
     components = [p for p in plots if p.startswith("reward-")]
     assert "reward-total" in components and len(components) >= 5
-    assert COMPONENT_LABELS["fossilize_bonus"] in plots["reward-fossilize_bonus"]
+    # One name, the CLI's and TensorBoard's, with its sign explained once.
+    assert re.search(
+        r'class="title" x="\d+" y="18">fossilize_bonus<', plots["reward-fossilize_bonus"]
+    )
+    assert "fossilize:" not in text and COMPONENT_NOTE in text
 
 
 def test_wording_of_checks(scripted_run: Path) -> None:

@@ -1,122 +1,192 @@
-"""benchmarks/learning.py cannot rot: --quick runs every policy end to end, --merge joins
-per-seed files into one summary with paired differences."""
+"""benchmarks/learning.py cannot rot: --quick runs every policy end to end (once, shared by
+the module), and --merge joins results files into one summary with paired differences.
+
+The merge logic is tested on canned results files: the quick run's own file, split by
+seed or edited the way another producer would have written it (other overrides, other
+numbers), so only one real benchmark run is paid for.
+"""
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "learning.py"
 POLICIES = ["ppo", "heuristic", "eager", "random", "static"]
+SEEDS = (0, 1)
 
 
-def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    """The script as a module (its merge runs in-process: no training, no subprocess)."""
+    spec = importlib.util.spec_from_file_location("learning_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real run, as a user starts it: every policy, two seeds, quick sizes."""
+    out = tmp_path_factory.mktemp("learning")
+    seeds = ",".join(map(str, SEEDS))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--seeds", seeds, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
         check=False,
     )
-
-
-def _run(out: Path, *args: str) -> None:
-    proc = _invoke("--out", str(out), *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data: dict[str, Any] = json.loads((out / "learning_quick.json").read_text())
+    return data
 
 
-def test_quick_per_seed_runs_merge_into_one_summary(tmp_path: Path) -> None:
-    _run(tmp_path, "--quick", "--seeds", "0", "--name", "a")
-    _run(tmp_path, "--quick", "--seeds", "1", "--name", "b")
-    _run(tmp_path, "--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--name", "m")
-    data: dict[str, Any] = json.loads((tmp_path / "m.json").read_text())
-    assert data["quick"] is True and data["seeds"] == [0, 1]
-    summary = data["summary"]
-    rounds = data["rounds"]
+def _write(path: Path, data: dict[str, Any]) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _part(data: dict[str, Any], policies: list[str], seeds: tuple[int, ...]) -> dict[str, Any]:
+    """The results file a run of only these policies and seeds would have written."""
+    part = copy.deepcopy(data)
+    part["runs"] = {
+        p: {s: r for s, r in by.items() if int(s) in seeds}
+        for p, by in part["runs"].items()
+        if p in policies
+    }
+    return part
+
+
+def _merge(bench: ModuleType, out: Path, *argv: str) -> dict[str, Any]:
+    assert bench.main(["--out", str(out), "--name", "merged", *argv]) == 0
+    merged: dict[str, Any] = json.loads((out / "merged.json").read_text())
+    return merged
+
+
+def test_quick_runs_every_policy_and_summarises(quick: dict[str, Any]) -> None:
+    assert quick["quick"] is True and quick["seeds"] == list(SEEDS)
+    summary, rounds = quick["summary"], quick["rounds"]
     for policy in POLICIES:
         assert len(summary[policy]["reward_per_round"]) == rounds
         assert math.isfinite(summary[policy]["acc"])
     assert summary["static"]["params"] == 0.0 and summary["static"]["germinated"] == 0.0
     assert summary["random"]["germinated"] > 0.0  # a random valid policy does act
+    assert summary["eager"]["germinated"] >= summary["heuristic"]["germinated"]
     pair = summary["paired"]["ppo-static:reward"]
-    assert pair["n"] == 2 * len(range(rounds - max(rounds // 3, 1), rounds))
+    assert pair["n"] == len(SEEDS) * len(range(rounds - max(rounds // 3, 1), rounds))
     assert math.isfinite(summary["ppo"]["ev_last_third"])
     vs = summary["vs_static"]
     assert set(vs) == set(POLICIES) - {"static"} and vs["ppo"]["n"] == pair["n"]
     assert 0 <= vs["random"]["agree"] <= vs["random"]["n"]
 
 
+def test_per_seed_files_merge_into_the_summary_of_one_joint_run(
+    bench: ModuleType, quick: dict[str, Any], tmp_path: Path
+) -> None:
+    files = [_write(tmp_path / f"s{s}.json", _part(quick, POLICIES, (s,))) for s in SEEDS]
+    merged = _merge(bench, tmp_path, "--merge", *files)
+    assert merged["seeds"] == list(SEEDS) and merged["quick"] is True
+    assert merged["runs"] == quick["runs"]
+    assert merged["summary"] == quick["summary"]
+    assert "sum of the merged parts" in merged["wall_minutes_note"]
+
+
 def test_merge_rounds_cuts_a_longer_run_to_the_rounds_a_shorter_run_played(
-    tmp_path: Path,
+    bench: ModuleType, quick: dict[str, Any], tmp_path: Path
 ) -> None:
     """Round r does not depend on run.rounds, so a 3-round run cut to 2 rounds is the
     2-round run (PPO included): what lets one long run stand for several lengths."""
-    common = ("--quick", "--seeds", "0", "--policies", "static,ppo")
-    _run(tmp_path, *common, "--name", "long")
-    _run(tmp_path, *common, "--set", "run.rounds=2", "--name", "short")
-    _run(tmp_path, "--merge", str(tmp_path / "long.json"), "--rounds", "2", "--name", "cut")
-    cut: dict[str, Any] = json.loads((tmp_path / "cut.json").read_text())
-    short: dict[str, Any] = json.loads((tmp_path / "short.json").read_text())
+    cfg = bench.with_overrides(bench.load_config(quick["config"]), quick["overrides"])
+    short_cfg = bench.with_overrides(cfg, {"run.rounds": 2})
+    data = bench.load_task(cfg.task, seed=0)
+    long_file = _write(tmp_path / "long.json", _part(quick, ["static", "ppo"], (0,)))
+    cut = _merge(bench, tmp_path, "--merge", long_file, "--rounds", "2")
     assert cut["rounds"] == 2 and cut["overrides"]["run.rounds"] == 2
     for policy in ("static", "ppo"):
-        a, b = cut["runs"][policy]["0"], short["runs"][policy]["0"]
+        short = bench.run_policy(short_cfg, policy, 0, data)
+        a = cut["runs"][policy]["0"]
         for key in ("reward", "acc", "params", "germinated"):
-            assert a[key] == b[key] and len(a[key]) == 2, (policy, key)
-    assert cut["runs"]["ppo"]["0"]["ppo"] == short["runs"]["ppo"]["0"]["ppo"]
-    assert cut["summary"]["paired"] == short["summary"]["paired"]
+            assert a[key] == short[key] and len(a[key]) == 2, (policy, key)
+        if policy == "ppo":
+            assert a["ppo"] == short["ppo"]
 
 
 def test_merge_rounds_refuses_more_rounds_than_a_file_has_and_needs_merge(
-    tmp_path: Path,
+    bench: ModuleType, quick: dict[str, Any], tmp_path: Path
 ) -> None:
-    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static", "--name", "s")
-    merge = ("--merge", str(tmp_path / "s.json"), "--rounds", "4")
-    longer = _invoke("--out", str(tmp_path), *merge)
-    assert longer.returncode != 0 and "only 3 rounds" in longer.stderr
-    alone = _invoke("--rounds", "2")
-    assert alone.returncode == 2 and "--rounds" in alone.stderr
+    part = _write(tmp_path / "s.json", _part(quick, ["static"], (0,)))
+    with pytest.raises(SystemExit, match="only 3 rounds"):
+        bench.main(["--out", str(tmp_path), "--merge", part, "--rounds", "4"])
+    with pytest.raises(SystemExit) as alone:
+        bench.parse_args(["--rounds", "2"])
+    assert alone.value.code == 2
 
 
-def test_merge_pairs_a_ppo_variant_with_baselines_run_once(tmp_path: Path) -> None:
+def test_merge_pairs_a_ppo_variant_with_baselines_run_once(
+    bench: ModuleType, quick: dict[str, Any], tmp_path: Path
+) -> None:
     """ppo.* settings and the policy network's (op prior) change only the PPO runs: a
     PPO-only variant merges with the other policies of a baseline file (--baselines); a
     (policy, seed) twice is refused."""
-    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static,ppo", "--name", "base")
-    prior = ("--set", 'policy.op_prior={"prune": -5.0}')
-    variant = ("--set", "ppo.entropy_coef=0.02", *prior, "--policies", "ppo")
-    _run(tmp_path, "--quick", "--seeds", "0", *variant, "--name", "var")
-    files = (str(tmp_path / "base.json"), str(tmp_path / "var.json"))
-    var: dict[str, Any] = json.loads((tmp_path / "var.json").read_text())
-    var["experiment"] = "a patched run"  # provenance recorded by the file's producer
-    (tmp_path / "var.json").write_text(json.dumps(var))
-    _run(tmp_path, "--merge", files[1], "--baselines", files[0], "--name", "m")
-    data: dict[str, Any] = json.loads((tmp_path / "m.json").read_text())
+    base = _write(tmp_path / "base.json", _part(quick, ["static", "ppo"], (0,)))
+    variant = _part(quick, ["ppo"], (0,))
+    ppo_only = {"ppo.entropy_coef": 0.02, "policy.op_prior": {"prune": -5.0}}
+    variant["overrides"] = {**variant["overrides"], **ppo_only}
+    variant["runs"]["ppo"]["0"]["reward"] = [r + 1.0 for r in variant["runs"]["ppo"]["0"]["reward"]]
+    variant["experiment"] = "a patched run"  # provenance recorded by the file's producer
+    var = _write(tmp_path / "var.json", variant)
+    data = _merge(bench, tmp_path, "--merge", var, "--baselines", base)
     assert data["experiment"] == "a patched run"
     assert data["overrides"]["ppo.entropy_coef"] == 0.02
     assert data["overrides"]["policy.op_prior"] == {"prune": -5.0}
-    assert data["runs"]["ppo"]["0"]["reward"] == var["runs"]["ppo"]["0"]["reward"]
+    assert data["runs"]["ppo"]["0"]["reward"] == variant["runs"]["ppo"]["0"]["reward"]
     assert set(data["runs"]) == {"ppo", "static"}
-    assert "ppo-static:reward" in data["summary"]["paired"]
-    twice = _invoke("--out", str(tmp_path), "--merge", *files)
-    assert twice.returncode != 0 and "ppo seed 0 is in two files" in twice.stderr
+    last = data["summary"]["last_third_rounds"]
+    expected = [
+        p - s
+        for p, s in zip(
+            variant["runs"]["ppo"]["0"]["reward"],
+            quick["runs"]["static"]["0"]["reward"],
+            strict=True,
+        )
+    ][last[0] : last[1] + 1]
+    assert data["summary"]["paired"]["ppo-static:reward"]["mean"] == pytest.approx(
+        sum(expected) / len(expected)
+    )
+    with pytest.raises(SystemExit, match="ppo seed 0 is in two files"):
+        bench.main(["--out", str(tmp_path), "--merge", base, var])
 
 
-def test_merge_compares_resolved_configs(tmp_path: Path) -> None:
+def test_merge_compares_resolved_configs(
+    bench: ModuleType, quick: dict[str, Any], tmp_path: Path
+) -> None:
     """An override equal to the preset's value merges with a file that did not set it
     (the configs resolve the same); a different value is refused."""
-    _run(tmp_path, "--quick", "--seeds", "0", "--policies", "static", "--name", "base")
-    for name, value in (("same", "false"), ("other", "true")):
-        gates = ("--set", f"host.strict_gates={value}", "--policies", "ppo")
-        _run(tmp_path, "--quick", "--seeds", "0", *gates, "--name", name)
-    base = str(tmp_path / "base.json")
-    _run(tmp_path, "--merge", str(tmp_path / "same.json"), "--baselines", base, "--name", "m")
-    assert set(json.loads((tmp_path / "m.json").read_text())["runs"]) == {"ppo", "static"}
-    merge = ("--merge", str(tmp_path / "other.json"), "--baselines", base)
-    other = _invoke("--out", str(tmp_path), *merge)
-    assert other.returncode != 0 and "different configuration" in other.stderr
+    base = _write(tmp_path / "base.json", _part(quick, ["static"], (0,)))
+    for name, value in (("same", False), ("other", True)):
+        part = _part(quick, ["ppo"], (0,))
+        part["overrides"] = {**part["overrides"], "host.strict_gates": value}
+        _write(tmp_path / f"{name}.json", part)
+    same = _merge(bench, tmp_path, "--merge", str(tmp_path / "same.json"), "--baselines", base)
+    assert set(same["runs"]) == {"ppo", "static"}
+    with pytest.raises(SystemExit, match="different configuration"):
+        bench.main(
+            ["--out", str(tmp_path), "--merge", str(tmp_path / "other.json"), "--baselines", base]
+        )

@@ -6,6 +6,7 @@ tests through module-scoped fixtures.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -266,12 +267,13 @@ def test_a_missing_rank_makes_a_degraded_read(cli_run: Path, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("analysis", ["rewards", "rollbacks", "lifecycles", "actions", "ppo"])
 def test_analyses_read_every_rank(cli_run: Path, analysis: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "esper", "analyze", analysis, str(cli_run), "--json"],
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "degraded" not in proc.stderr
+    """``esper analyze <analysis> RUN --json`` (in-process: the CLI's own entry point)."""
+    from esper_analysis.cli import main as analyze
+
+    out, err = io.StringIO(), io.StringIO()
+    assert analyze([analysis, str(cli_run), "--json"], stdout=out, stderr=err) == 0, err.getvalue()
+    assert "degraded" not in err.getvalue()
+    assert json.loads(out.getvalue())["run"]["degraded"] == []
 
 
 def test_report_of_a_two_rank_run(cli_run: Path, tmp_path: Path) -> None:

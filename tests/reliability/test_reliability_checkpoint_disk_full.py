@@ -46,7 +46,10 @@ def _namespaces_available() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _namespaces_available(), reason="unprivileged mount namespaces")
+@pytest.mark.skipif(
+    not _namespaces_available(),
+    reason="needs unprivileged user and mount namespaces (unshare -rm), not available here",
+)
 def test_disk_full_while_saving_the_checkpoint(tmp_path: Path) -> None:
     config = write_small_config(tmp_path)
     # The size of one checkpoint of this configuration, measured.

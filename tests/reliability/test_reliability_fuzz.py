@@ -402,8 +402,13 @@ def test_analysis_survives_random_streams_and_damage(
         _analyse_everything(run_dir)
 
 
+#: The soak's examples: 4x the quick test's, with streams twice as long and more damage
+#: (ESPER_FUZZ_SOAK_EXAMPLES=300 for a longer search; about 0.4 s an example on 2 cores).
+SOAK_EXAMPLES = int(os.environ.get("ESPER_FUZZ_SOAK_EXAMPLES", "100"))
+
+
 @pytest.mark.slow
-@settings(FUZZ, max_examples=300, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(FUZZ, max_examples=SOAK_EXAMPLES, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(
     stream=st.lists(events, max_size=80),
     damage=st.lists(st.sampled_from(sorted(DAMAGES)), max_size=4),

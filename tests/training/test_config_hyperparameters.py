@@ -161,7 +161,39 @@ def test_bad_heuristic_settings_are_named(key: str, value: object, message: str)
     from esper.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        config_from_dict({"policy": {key: value}})
+        config_from_dict({"policy": {"kind": "heuristic", key: value}})
+
+
+@pytest.mark.parametrize(
+    ("eager", "menus", "message"),
+    [
+        ({"blueprints": []}, {}, "$.policy.eager.blueprints: must name at least one"),
+        ({"blueprints": ["wide"]}, {}, "$.policy.eager.blueprints[0]: unknown blueprint 'wide'"),
+        ({"tempo": 4}, {}, "$.policy.eager.tempo: must be one of [3, 5, 8], got 4"),
+        ({"alpha_target": 0.6}, {}, "$.policy.eager.alpha_target: must be one of"),
+        ({"slot_order": ["r0c0", "r0c0"]}, {}, "$.policy.eager.slot_order[1]: 'r0c0' listed"),
+        ({}, {"tempos": [3]}, "$.policy.eager.tempo: 5 is not in policy.tempos [3]"),
+        ({"style": "sigmoid_add"}, {"styles": ["linear_add"]}, "$.policy.eager.style: "),
+    ],
+)
+def test_bad_eager_settings_are_named(
+    eager: dict[str, object], menus: dict[str, object], message: str
+) -> None:
+    from esper.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_dict({"policy": {"kind": "eager", "eager": eager, **menus}})
+
+
+def test_a_menu_binds_only_the_policy_that_runs() -> None:
+    """PPO with a narrowed style menu needs no heuristic or eager style to match it."""
+    from esper.config import ConfigError, config_from_dict
+
+    narrowed = {"styles": ["sigmoid_add"], "tempos": [8]}
+    assert config_from_dict({"policy": narrowed}).policy.styles == ["sigmoid_add"]
+    for kind in ("heuristic", "eager"):
+        with pytest.raises(ConfigError, match="is not in policy"):
+            config_from_dict({"policy": {"kind": kind, **narrowed}})
 
 
 def test_signal_thresholds_reach_every_env_tracker() -> None:

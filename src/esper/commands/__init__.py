@@ -27,9 +27,13 @@ class CommandSpec(NamedTuple):
 
 
 COMMANDS: Final = (
-    CommandSpec("train", "esper.commands.train", "train a policy with vectorized PPO"),
     CommandSpec(
-        "heuristic", "esper.commands.heuristic", "run the heuristic policy (same telemetry)"
+        "train",
+        "esper.commands.train",
+        "train with vectorized PPO, or run a baseline policy (--policy)",
+    ),
+    CommandSpec(
+        "heuristic", "esper.commands.heuristic", "the same as: esper train --policy heuristic"
     ),
     CommandSpec(
         "telemetry-demo",

@@ -16,17 +16,40 @@ def _level(value: str) -> TelemetryLevel:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--telemetry-dir", type=Path, required=True, help="runs directory")
-    parser.add_argument("--run-id", default=None, help="run id (default: demo-<timestamp>)")
-    parser.add_argument("--envs", type=int, default=4, help="environments (default 4)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per episode (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument(
-        "--level", type=_level, default=TelemetryLevel.NORMAL, help="off|lifecycle|normal|debug"
+    parser.description = (
+        "Write a synthetic run of every event type through the real hub and Parquet "
+        "writer (no torch, no training): a quick way to see the telemetry layout and try "
+        "the analyses."
     )
     parser.add_argument(
-        "--force", action="store_true", help="replace an existing run with the same id"
+        "--telemetry-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="parent of the run directory <DIR>/<run id> (required)",
+    )
+    parser.add_argument(
+        "--run-id", default=None, metavar="ID", help="run id (default: demo-<timestamp>)"
+    )
+    parser.add_argument(
+        "--envs", type=int, default=4, metavar="N", help="environments (default: 4)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, metavar="R", help="rounds (default: 3)")
+    parser.add_argument(
+        "--steps", type=int, default=10, metavar="T", help="steps per episode (default: 10)"
+    )
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
+    parser.add_argument(
+        "--level",
+        type=_level,
+        default=TelemetryLevel.NORMAL,
+        metavar="LEVEL",
+        help="events written: off | lifecycle | normal | debug (default: normal)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing run with the same id (default: refuse)",
     )
 
 

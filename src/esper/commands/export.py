@@ -15,11 +15,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="per-round and per-update scalars as TensorBoard event files",
         description="Write each run's scalars (round/*: reward, accuracy, EPS; ppo/*; "
         "reward/* components; seeds/* by final stage) to DIR/<run id>/, step = round. "
-        'Needs the optional extra: pip install -e ".[tensorboard]".',
+        "Needs the optional extra; from the Esper checkout: "
+        'python -m pip install -c constraints.txt -e ".[tensorboard]".',
     )
     tb.add_argument("runs", nargs="+", metavar="RUN", help="run directory, several allowed")
     tb.add_argument(
-        "-o", "--output", required=True, metavar="DIR", help="TensorBoard log directory"
+        "-o", "--output", required=True, metavar="DIR", help="TensorBoard log directory (required)"
     )
     tb.add_argument(
         "--force",

@@ -1,4 +1,4 @@
-"""``esper heuristic``: the heuristic baseline policy, same loop and telemetry as PPO."""
+"""``esper heuristic``: ``esper train --policy heuristic`` under its historical name."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from esper.commands.train import configure_parser as _configure
 from esper.commands.train import run_with_kind
 from esper.core.enums import PolicyKind
 
-HELP = "run the heuristic baseline policy (same loop and telemetry, no learning)"
+HELP = "run the heuristic baseline policy: the same as esper train --policy heuristic"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

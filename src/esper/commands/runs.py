@@ -25,7 +25,6 @@ _TEXT_COLUMNS: Final = {
     "parent_run_id": "parent run",
     "started": "started (UTC)",
 }
-_PIPE_WIDTH: Final = 160
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -57,27 +56,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(entries: list[RunEntry], dirs: list[str]) -> None:
-    from esper_analysis.tables import format_value
-    from rich.console import Console
-    from rich.table import Table
+    import polars as pl
+    from esper_analysis.tables import console_for, format_value, rich_tables
 
-    console = Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+    console = console_for(sys.stdout)
     if not entries:
         console.print(f"no runs under {', '.join(dirs)}")
         return
-    table = Table(header_style="bold", title=f"{len(entries)} run(s) under {', '.join(dirs)}")
-    for key, title in _TEXT_COLUMNS.items():
-        numeric = key in {"rounds", "env_steps", "eps", "final_mean_reward"}
-        table.add_column(title, justify="right" if numeric else "left")
+    rows = []
     for e in entries:
-        cells = []
-        for key in _TEXT_COLUMNS:
-            value = getattr(e, key)
-            if key == "rounds" and e.rounds_planned is not None:
-                value = f"{format_value(e.rounds)}/{e.rounds_planned}"
-            cells.append(format_value(value))
-        table.add_row(*cells)
-    console.print(table)
+        row = {title: getattr(e, key) for key, title in _TEXT_COLUMNS.items()}
+        if e.rounds_planned is not None:
+            row["rounds"] = f"{format_value(e.rounds)}/{e.rounds_planned}"
+        rows.append(row)
+    numeric = {"env-steps": pl.Int64, "EPS": pl.Float64, "final mean reward": pl.Float64}
+    schema = {title: numeric.get(title, pl.String) for title in _TEXT_COLUMNS.values()}
+    frame = pl.DataFrame(
+        [{k: v if k in numeric or v is None else str(v) for k, v in r.items()} for r in rows],
+        schema=schema,
+    )
+    title = f"{len(entries)} run(s) under {', '.join(dirs)}"
+    for number, table in enumerate(
+        rich_tables(title, frame, len(entries), width=console.width, keys=["id"])
+    ):
+        if number:
+            console.print()
+        console.print(table)
     for e in entries:
         if e.error:
             console.print(f"[yellow]{e.run_id}: {e.error}[/yellow]")

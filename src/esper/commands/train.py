@@ -26,6 +26,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--config", metavar="FILE", help="TOML or JSON config, strict (default: none, built-ins)"
     )
     parser.add_argument(
+        "--policy",
+        metavar="KIND",
+        help="who decides: ppo (learns) or a baseline through the same loop and telemetry: "
+        "heuristic (rules, grows on a plateau), eager (the heuristic's rules, grows whenever "
+        "a slot is free; [policy.eager] keys), random (uniform over valid actions), static "
+        f"(always waits) (default: {_D.policy.kind.value}, or the --config file's policy.kind)",
+    )
+    parser.add_argument(
         "--task",
         metavar="NAME",
         help=f"digits | cifar10 | synthetic | text (default: {_D.task.name.value})",
@@ -45,7 +53,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--rounds",
         type=int,
         metavar="R",
-        help=f"PPO rounds, one update each (default: {_D.run.rounds})",
+        help=f"rounds of one episode per env, PPO updates once per round "
+        f"(default: {_D.run.rounds})",
     )
     parser.add_argument(
         "--episode-length",
@@ -149,6 +158,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 _OVERRIDES = {
+    "policy": "policy.kind",
     "task": "task.name",
     "data_path": "task.data_path",
     "envs": "run.n_envs",
@@ -167,10 +177,16 @@ _OVERRIDES = {
 }
 
 
-def build_config(args: argparse.Namespace, kind: PolicyKind, base: Config | None = None) -> Config:
-    """Flags over ``--config`` (or over ``base``: a resumed checkpoint's own config)."""
+def build_config(
+    args: argparse.Namespace, kind: PolicyKind | None = None, base: Config | None = None
+) -> Config:
+    """Flags over ``--config`` (or over ``base``: a resumed checkpoint's own config).
+
+    ``kind`` is the policy a command fixes (``esper heuristic``); otherwise ``--policy``
+    or the config's ``policy.kind`` decides.
+    """
     cfg = base or (load_config(args.config) if args.config else Config())
-    overrides: dict[str, Any] = {"policy.kind": kind.value}
+    overrides: dict[str, Any] = {"policy.kind": kind.value} if kind is not None else {}
     for attr, path in _OVERRIDES.items():
         value = getattr(args, attr, None)
         if value is not None:
@@ -191,10 +207,16 @@ def _name_flag(message: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_with_kind(args, PolicyKind.PPO)
+    return run_with_kind(args)
 
 
-def run_with_kind(args: argparse.Namespace, kind: PolicyKind) -> int:
+def run_with_kind(args: argparse.Namespace, kind: PolicyKind | None = None) -> int:
+    """Train with the policy ``kind`` fixes, else the one ``--policy``/the config names."""
+    if kind is not None and getattr(args, "policy", None) not in (None, kind.value):
+        raise UserError(
+            f"--policy {args.policy}: this command runs the {kind.value} policy; "
+            f"use esper train --policy {args.policy}"
+        )
     if args.continue_run and not args.resume:
         raise UserError("--continue-run needs --resume PATH (the checkpoint to continue from)")
     if args.continue_run and not os.path.exists(args.resume):

@@ -194,7 +194,7 @@ def _write_report(r: TrainResult, target: str, console: Console) -> None:
     from esper_analysis import load_run, write_report
 
     path = write_report(load_run(r.run_dir), target or r.run_dir / "report.html")
-    console.print(f"report: {path}")
+    console.print(f"report: {path.absolute()}", soft_wrap=True)
 
 
 def _print_summary(r: TrainResult, console: Console) -> None:
@@ -214,7 +214,8 @@ def _print_summary(r: TrainResult, console: Console) -> None:
     console.print(
         f"env-steps {r.env_steps} in {r.wall_s:.1f}s ({r.eps:.1f} EPS), rollbacks {r.rollbacks}"
     )
+    # Absolute paths, all three alike: they are copied into other commands.
     if r.run_dir is not None:
-        console.print(f"run directory: {r.run_dir}")
+        console.print(f"run directory: {r.run_dir.absolute()}", soft_wrap=True)
     if r.checkpoint is not None:
-        console.print(f"checkpoint: {r.checkpoint}")
+        console.print(f"checkpoint: {r.checkpoint.absolute()}", soft_wrap=True)

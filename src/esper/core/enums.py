@@ -165,8 +165,28 @@ class AmpMode(StrEnum):
 
 
 class PolicyKind(StrEnum):
+    """Which policy decides: PPO learns; the others are baselines that run through the
+    same loop and telemetry (``esper train --policy``)."""
+
     PPO = "ppo"
+    #: Rules: germinate once the host plateaus, fossilize what helps, prune what hurts.
     HEURISTIC = "heuristic"
+    #: The heuristic's rules, but it germinates whenever a slot is free.
+    EAGER = "eager"
+    #: Uniform over the valid ops, then over each used head's valid choices.
+    RANDOM = "random"
+    #: Always WAIT: the host trains alone.
+    STATIC = "static"
+
+    @property
+    def learned(self) -> bool:
+        """Does this policy learn (PPO updates, a rollout buffer)?"""
+        return self is PolicyKind.PPO
+
+    @property
+    def rule_based(self) -> bool:
+        """Are its lifecycle decisions made by rules (``Initiator.HEURISTIC``)?"""
+        return self in (PolicyKind.HEURISTIC, PolicyKind.EAGER)
 
 
 class AnomalyKind(StrEnum):

@@ -15,6 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from esper.core.datasets import (
+    CIFAR_SUBDIR,
+    CIFAR_TEST_FILE,
+    CIFAR_TRAIN_FILES,
+    cifar_how_to_get,
+)
 from esper.errors import DatasetError
 
 CIFAR_CLASSES = 10
@@ -22,36 +28,25 @@ CIFAR_IMAGE_SHAPE = (3, 32, 32)
 CIFAR_PIXELS = 3 * 32 * 32
 CIFAR_RECORD_BYTES = 1 + CIFAR_PIXELS
 CIFAR_RECORDS_PER_FILE = 10_000
-CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
-CIFAR_TEST_FILE = "test_batch.bin"
-CIFAR_SUBDIR = "cifar-10-batches-bin"
-CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
-CIFAR_ARCHIVE = "cifar-10-binary.tar.gz"
 PIXEL_MAX = 255.0
-
-
-def _how_to_get(where: Path) -> str:
-    return (
-        f'download the "CIFAR-10 binary version" ({CIFAR_ARCHIVE}) from {CIFAR_URL} and '
-        f"extract it so that {where} contains {', '.join(CIFAR_TRAIN_FILES)} and "
-        f"{CIFAR_TEST_FILE} (the archive's {CIFAR_SUBDIR}/ folder; its parent works too)"
-    )
 
 
 def resolve_cifar_dir(data_path: str | os.PathLike[str] | None) -> Path:
     """The directory holding the .bin files (``data_path`` or its ``cifar-10-batches-bin``)."""
     if not data_path:
-        raise DatasetError("task cifar10 needs task.data_path: " + _how_to_get(Path("<data_path>")))
+        raise DatasetError(
+            "task cifar10 needs task.data_path: " + cifar_how_to_get(Path("<data_path>"))
+        )
     root = Path(data_path).expanduser()
     if not root.is_dir():
-        raise DatasetError(f"CIFAR-10 directory not found: {root}; " + _how_to_get(root))
+        raise DatasetError(f"CIFAR-10 directory not found: {root}; " + cifar_how_to_get(root))
     nested = root / CIFAR_SUBDIR
     if not (root / CIFAR_TEST_FILE).exists() and nested.is_dir():
         root = nested
     missing = [f for f in (*CIFAR_TRAIN_FILES, CIFAR_TEST_FILE) if not (root / f).is_file()]
     if missing:
         raise DatasetError(
-            f"CIFAR-10 files missing in {root}: {', '.join(missing)}; " + _how_to_get(root)
+            f"CIFAR-10 files missing in {root}: {', '.join(missing)}; " + cifar_how_to_get(root)
         )
     return root
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from esper.core.datasets import TEXT_SOURCE
 from esper.errors import DatasetError
 
 TEXT_VAL_FRACTION = 0.1
@@ -37,7 +38,7 @@ def load_text(
     data_path: str | os.PathLike[str] | None, *, seq_len: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if not data_path:
-        raise DatasetError("task text needs task.data_path: a local text file (UTF-8 or any bytes)")
+        raise DatasetError(f"task text needs task.data_path: {TEXT_SOURCE}")
     p = Path(data_path).expanduser()
     if not p.is_file():
         raise DatasetError(f"text file not found: {p}; point task.data_path at a local text file")

@@ -6,27 +6,30 @@ Rules, in priority order for each env:
 3. prune a seed that has stalled (HOLDING without clearing the threshold, or stuck in
    TRAINING, for ``heuristic_stall_epochs`` epochs);
 4. advance GERMINATED seeds, TRAINING seeds once G2 can pass, BLENDING seeds once alpha
-   reached 1.0 (retargeting to 1.0 first when the blend stopped short);
-5. germinate once the host is stabilised and has plateaued for ``plateau_patience``
-   epochs, rotating through ``heuristic_blueprints`` (by default largest-capacity
-   first) and avoiding recently pruned ones;
+   reached the target (retargeting to it first when the blend stopped short);
+5. germinate when :meth:`HeuristicPolicy.germinate_now` says so (here: once the host is
+   stabilised and has plateaued for ``plateau_patience`` epochs) in the first free slot,
+   rotating through the :class:`Growth` blueprints (by default largest-capacity first)
+   and avoiding recently pruned ones;
 6. otherwise wait.
 Every action is checked against the masks, so it is always valid. Its numbers (tempo,
 alpha target, style, stall epochs, prune penalty and decay, rotation) are ``[policy]``
 keys. Its memory (blueprint penalties and the rotation cursor) travels in the recurrent
 ``hidden`` slot, so fresh episodes start from :meth:`initial_hidden` exactly like the
-learned policy's.
+learned policy's. :class:`esper.policy.eager.EagerPolicy` is the same rules with
+another germination trigger and its own :class:`Growth`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from esper.config import PolicyConfig
+from esper.config import ConfigError, EagerConfig, PolicyConfig
 from esper.core.constants import (
     ALL_BLUEPRINTS,
     G2_MIN_GRADIENT_HEALTH,
@@ -53,16 +56,69 @@ class _EnvMemory:
         self.cursor = cursor
 
 
+@dataclass(frozen=True)
+class Growth:
+    """What a rule-based policy germinates, where and how."""
+
+    #: Rotation order (names in ``ALL_BLUEPRINTS``).
+    blueprints: tuple[str, ...]
+    style: GerminationStyle
+    #: Blend length at germination, also the retarget speed (in ``TEMPOS``).
+    tempo: int
+    alpha_target: float
+    #: Slots to germinate in, first free one first; empty: every slot in host order.
+    slot_order: tuple[str, ...] = ()
+    #: The config key path these choices came from (named in errors).
+    origin: str = "policy.heuristic_"
+
+    @classmethod
+    def of_heuristic(cls, cfg: PolicyConfig) -> Growth:
+        """The heuristic's ``policy.heuristic_*`` keys."""
+        return cls(
+            blueprints=tuple(cfg.heuristic_blueprints),
+            style=GerminationStyle[cfg.heuristic_style.upper()],
+            tempo=cfg.heuristic_tempo,
+            alpha_target=cfg.heuristic_alpha_target,
+        )
+
+    @classmethod
+    def of_eager(cls, cfg: EagerConfig) -> Growth:
+        """The eager grower's ``[policy.eager]`` keys."""
+        return cls(
+            blueprints=tuple(cfg.blueprints),
+            style=GerminationStyle[cfg.style.upper()],
+            tempo=cfg.tempo,
+            alpha_target=cfg.alpha_target,
+            slot_order=tuple(cfg.slot_order),
+            origin="policy.eager.",
+        )
+
+    def slot_indices(self, space: ActionSpace) -> tuple[int, ...]:
+        """Germination slots as indices into ``space.slot_ids``, in preference order."""
+        if not self.slot_order:
+            return tuple(range(space.n_slots))
+        for i, slot in enumerate(self.slot_order):
+            if slot not in space.slot_ids:
+                raise ConfigError(
+                    f"$.{self.origin}slot_order[{i}]: this host has no slot {slot!r} "
+                    f"(its slots: {', '.join(space.slot_ids)})"
+                )
+        return tuple(space.slot_index(slot) for slot in self.slot_order)
+
+
 class HeuristicPolicy:
     """Baseline: deterministic rules over slot reports and the signal tracker."""
 
-    def __init__(self, space: ActionSpace, cfg: PolicyConfig) -> None:
+    def __init__(self, space: ActionSpace, cfg: PolicyConfig, growth: Growth | None = None) -> None:
         self.space = space
         self.cfg = cfg
-        self.style = GerminationStyle[cfg.heuristic_style.upper()]
-        self.order = tuple(cfg.heuristic_blueprints)
+        self.growth = growth or Growth.of_heuristic(cfg)
+        self.style = self.growth.style
+        self.order = self.growth.blueprints
         #: Index into ALL_BLUEPRINTS (the blueprint head) of each rotation position.
         self.rotation = tuple(ALL_BLUEPRINTS.index(name) for name in self.order)
+        #: Slot indices (report order) germination may use, most preferred first.
+        self.germination_slots = self.growth.slot_indices(space)
 
     def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
         """(blueprint penalties [1, N, B], rotation cursor [1, N, 1]) for fresh episodes."""
@@ -154,14 +210,18 @@ class HeuristicPolicy:
             action = self._progress(r, s, valid)
             if action is not None:
                 return action
-        if tracker.host_stabilised and tracker.plateau_count >= self.cfg.plateau_patience:
-            slots = [s for s in range(len(reports)) if valid(LifecycleOp.GERMINATE, s)]
+        if self.germinate_now(tracker):
+            slots = [s for s in self.germination_slots if valid(LifecycleOp.GERMINATE, s)]
             germinate = (
                 self._germinate(reports[slots[0]], masks["blueprint"], memory) if slots else None
             )
             if germinate is not None:
                 return germinate
         return DecodedAction(op=LifecycleOp.WAIT)
+
+    def germinate_now(self, tracker: SignalTracker) -> bool:
+        """Rule 5's trigger: the host is stabilised and has plateaued long enough."""
+        return tracker.host_stabilised and tracker.plateau_count >= self.cfg.plateau_patience
 
     def _stalled(self, r: SlotReport) -> bool:
         if r.stage == SeedStage.HOLDING:
@@ -182,7 +242,7 @@ class HeuristicPolicy:
             return advance if r.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS and healthy else None
         if r.stage != SeedStage.BLENDING or not r.alpha_at_rest:
             return None
-        target = self.cfg.heuristic_alpha_target
+        target = self.growth.alpha_target
         if r.alpha >= target and valid(LifecycleOp.ADVANCE, s):
             return advance
         if r.alpha_target < target and valid(LifecycleOp.SET_ALPHA_TARGET, s):
@@ -191,7 +251,7 @@ class HeuristicPolicy:
                 slot_id=r.slot_id,
                 style=self.style,
                 alpha_target=target,
-                alpha_speed=self.cfg.heuristic_tempo,
+                alpha_speed=self.growth.tempo,
             )
         return None
 
@@ -222,8 +282,8 @@ class HeuristicPolicy:
             slot_id=r.slot_id,
             blueprint=self.order[best],
             style=self.style,
-            tempo=self.cfg.heuristic_tempo,
-            alpha_target=self.cfg.heuristic_alpha_target,
+            tempo=self.growth.tempo,
+            alpha_target=self.growth.alpha_target,
         )
 
 

@@ -1,16 +1,30 @@
-"""Build the policy a config asks for (PPO actor-critic or the heuristic baseline)."""
+"""Build the policy a config asks for: the PPO actor-critic or one of the baselines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Final
+
 import torch
 
-from esper.config import Config
+from esper.config import Config, PolicyConfig
 from esper.core.enums import LifecycleOp, PolicyKind
 from esper.policy.actions import ActionSpace
+from esper.policy.eager import EagerPolicy
 from esper.policy.features import obs_dim
 from esper.policy.heuristic import HeuristicPolicy
 from esper.policy.network import FactoredActorCritic
 from esper.policy.protocol import Policy
+from esper.policy.random_valid import RandomValidPolicy
+from esper.policy.static import StaticPolicy
+
+#: The baselines (every kind but PPO), each built from the action space and ``[policy]``.
+BASELINES: Final[dict[PolicyKind, Callable[[ActionSpace, PolicyConfig], Policy]]] = {
+    PolicyKind.HEURISTIC: HeuristicPolicy,
+    PolicyKind.EAGER: EagerPolicy,
+    PolicyKind.RANDOM: RandomValidPolicy,
+    PolicyKind.STATIC: StaticPolicy,
+}
 
 #: Offset separating the policy-initialisation stream from the host and sampling seeds.
 POLICY_INIT_SEED_OFFSET = 104_729
@@ -23,8 +37,9 @@ def op_prior_logits(cfg: Config) -> list[float]:
 
 
 def build_policy(cfg: Config, space: ActionSpace) -> Policy:
-    if cfg.policy.kind == PolicyKind.HEURISTIC:
-        return HeuristicPolicy(space, cfg.policy)
+    baseline = BASELINES.get(cfg.policy.kind)
+    if baseline is not None:
+        return baseline(space, cfg.policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.run.seed + POLICY_INIT_SEED_OFFSET)
         net = FactoredActorCritic(

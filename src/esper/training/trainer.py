@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from esper.config import Config
-from esper.core.enums import Initiator, PolicyKind, TelemetryLevel
+from esper.core.enums import Initiator, TelemetryLevel
 from esper.data.tasks import TaskData
 from esper.training.anomaly import TelemetryEscalator, detect_anomalies
 from esper.training.env_results import EnvEpoch, PhaseTimes
@@ -97,9 +97,7 @@ class VectorizedTrainer:
             space=learner.space,
             policy_device=learner.device,
             amp=learner.resolved_amp,
-            initiator=(
-                Initiator.HEURISTIC if cfg.policy.kind == PolicyKind.HEURISTIC else Initiator.POLICY
-            ),
+            initiator=Initiator.HEURISTIC if cfg.policy.kind.rule_based else Initiator.POLICY,
             faults=self.faults,
             env_offset=collective.env_offset(cfg.run.n_envs) if collective is not None else 0,
             world_size=collective.world_size if collective is not None else 1,
