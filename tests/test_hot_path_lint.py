@@ -18,6 +18,8 @@ HOT_MODULES = [
     "training/batch_ops.py",
     "training/host_batching.py",
     "training/slot_groups.py",
+    "training/host_store.py",
+    "training/ppo.py",
     "training/action_execution.py",
     "training/env_factory.py",
     "training/env_state.py",
@@ -30,6 +32,9 @@ HOT_MODULES = [
     "policy/masks.py",
     "policy/network.py",
     "policy/heuristic.py",
+    "policy/eager.py",
+    "policy/random_valid.py",
+    "policy/static.py",
 ]
 SYNC_METHODS = {"item", "cpu", "tolist", "numpy"}
 LOOPS = (

@@ -83,6 +83,21 @@ def test_every_env_step_reads_the_device_once_per_phase(batch_envs: bool) -> Non
         assert dict(guard.tally.transfers) == ONE_PER_PHASE, step
 
 
+#: Rule-based policies read the masks on the host: one more transfer, in their phase.
+RULES_READ_MASKS = {"heuristic": 2, "eager": 2, "random": 1, "static": 1}
+
+
+@pytest.mark.parametrize("policy", sorted(RULES_READ_MASKS))
+def test_baseline_policies_keep_the_step_sync_free(policy: str) -> None:
+    envs, learner = _parts(_config(**{"policy.kind": policy, "run.batch_envs": True}))
+    envs.reset(0)
+    hidden = learner.begin_round(N_ENVS)
+    allowed = {**ONE_PER_PHASE, "policy": RULES_READ_MASKS[policy]}
+    for step in range(HORIZON):
+        with SyncGuard(max_transfers=allowed):
+            hidden = _env_step(envs, learner, step, hidden)
+
+
 def test_the_ppo_update_reads_the_device_once_per_epoch() -> None:
     cfg = _config()
     envs, learner = _parts(cfg)

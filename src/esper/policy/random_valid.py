@@ -73,8 +73,8 @@ class RandomValidPolicy:
             entropy.append(normalised_entropy(lp, mask))
         device = op_lp.device
         if self._relevance.device != device:  # moved once, on the first step
-            self._relevance = self._relevance.to(device)
-            self._canonical = self._canonical.to(device)
+            self._relevance = self._relevance.to(device, non_blocking=True)
+            self._canonical = self._canonical.to(device, non_blocking=True)
         relevant = self._relevance[chosen[0]]
         zero = torch.zeros((), device=device)
         return PolicyStep(

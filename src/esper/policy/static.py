@@ -7,7 +7,6 @@ trains exactly the hosts the others start from).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from esper.config import PolicyConfig
 from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES
@@ -44,13 +43,15 @@ class StaticPolicy:
         """WAIT, always valid (``generator``/``deterministic`` are unused)."""
         del generator, deterministic
         n, device = inp.obs.shape[0], inp.obs.device
-        actions = self._wait.to(device).repeat(n, 1)
+        if self._wait.device != device:  # moved once, on the first step
+            self._wait = self._wait.to(device, non_blocking=True)
+        actions = self._wait.repeat(n, 1)
         zeros = torch.zeros(n, N_HEADS, device=device)
         return PolicyStep(
             actions=actions,
             log_probs=zeros,
             value=torch.zeros(n, device=device),
-            op_probs=F.one_hot(actions[:, 0], N_OPS).float(),
+            op_probs=torch.eye(N_OPS, device=device)[actions[:, 0]],  # one_hot reads the host
             entropy=zeros.clone(),
             hidden=hidden,
         )

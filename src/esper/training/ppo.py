@@ -450,7 +450,7 @@ class PPOUpdater:
         if skip_reason == "non-finite rollout data":  # nothing was learned from it
             vals = [math.nan] * (lay.width - len(BASE_STATS)) + vals[-len(BASE_STATS) :]
         ent_h, clip_h = lay.get(vals, "entropy_heads"), lay.get(vals, "clip_heads")
-        per_head = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
+        per_head: dict[str, Any] = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
         per_head.update({f"clip_frac_{h}": clip_h[i] for i, h in enumerate(HEAD_NAMES)})
         return PPOMetrics(
             policy_loss=lay.one(vals, "policy_loss"),
