@@ -79,8 +79,10 @@ class BatchRecorder:
         epochs, original = self.epochs, self._original
 
         class Recorded(original):  # type: ignore[misc, valid-type]
-            def __init__(self, envs: Sequence[EnvState]) -> None:
-                super().__init__(envs)
+            def __init__(self, envs: Sequence[EnvState], *, train: bool = True) -> None:
+                super().__init__(envs, train=train)
+                if not train:
+                    return  # validation batches: only the train epochs are recorded
                 kinds = [len(k.rows) for slot in self.kinds.values() for k in slot]
                 groups = host_batching.group_envs(envs)
                 epochs.append(
