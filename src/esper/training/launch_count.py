@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -120,6 +121,11 @@ class _Stack:
         self._phase_of: dict[CodeType, str | None] = {}
         self._by_name = by_name
         self._host_copy = host_copy.__code__
+        #: The main thread's phase: on CUDA the backward pass runs on autograd's device
+        #: thread, whose stack holds no Python frame of ours; its ops belong to the
+        #: phase that called ``backward``.
+        self._main = threading.main_thread()
+        self._last_phase = "other"
 
     def _phase(self, frame: FrameType) -> str | None:
         code = frame.f_code
@@ -144,6 +150,10 @@ class _Stack:
             if phase and (site or not want_site) and (in_copy or not want_copy):
                 break
             frame = frame.f_back
+        if threading.current_thread() is self._main:
+            self._last_phase = phase or "other"
+        elif not phase:
+            phase, site = self._last_phase, site or "(autograd thread)"
         return phase or "other", site, in_copy
 
 
