@@ -30,6 +30,7 @@ from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
 from esper.model.initialization import materialize
+from esper.model.memory_format import is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
 from esper.model.slot import SeedSlot
@@ -370,9 +371,4 @@ class MorphogeneticModel(nn.Module):
         return module
 
     def _host_channels_last(self) -> bool:
-        return any(
-            p.dim() == 4
-            and not p.is_contiguous()
-            and p.is_contiguous(memory_format=torch.channels_last)
-            for p in self.host.parameters()
-        )
+        return any(is_channels_last(p) for p in self.host.parameters())

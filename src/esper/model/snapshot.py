@@ -22,6 +22,7 @@ from torch import Tensor
 from esper.core.constants import STYLE_BLEND
 from esper.core.enums import GerminationStyle, SeedStage
 from esper.model.lifecycle import SeedLifecycle
+from esper.model.memory_format import is_channels_last
 from esper.model.metrics import SeedMetrics
 
 if TYPE_CHECKING:
@@ -36,15 +37,6 @@ _INTS = "/ints"
 _FLOATS = "/floats"
 #: Restored fossils are rebuilt from this seed before their weights are overwritten.
 _REBUILD_SEED = 0
-_IMAGE_DIMS = 4
-
-
-def _channels_last(t: Tensor) -> bool:
-    return (
-        t.dim() == _IMAGE_DIMS
-        and not t.is_contiguous()
-        and t.is_contiguous(memory_format=torch.channels_last)
-    )
 
 
 def _packed_clone(named: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -55,14 +47,14 @@ def _packed_clone(named: dict[str, Tensor]) -> dict[str, Tensor]:
         group = {k: t.detach() for k, t in named.items() if t.dtype == dtype}
         flat = torch.cat(
             [
-                (t.permute(0, 2, 3, 1) if _channels_last(t) else t).reshape(-1)
+                (t.permute(0, 2, 3, 1) if is_channels_last(t) else t).reshape(-1)
                 for t in group.values()
             ]
         )
         offset = 0
         for k, t in group.items():
             piece = flat[offset : offset + t.numel()]
-            if _channels_last(t):
+            if is_channels_last(t):
                 o, i, h, w = t.shape
                 out[k] = piece.view(o, h, w, i).permute(0, 3, 1, 2)
             else:

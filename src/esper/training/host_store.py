@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from esper.model.blending import BlendGate
+from esper.model.memory_format import is_channels_last
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
 #: 4-d tensors kept channels-last are laid out (O, H, W, I) in their row.
 CHANNELS_LAST_ORDER = (0, 2, 3, 1)
 CHANNELS_LAST_INVERSE = (0, 3, 1, 2)
-IMAGE_DIMS = 4
-
-
-def _channels_last(t: Tensor) -> bool:
-    return (
-        t.dim() == IMAGE_DIMS
-        and not t.is_contiguous()
-        and t.is_contiguous(memory_format=torch.channels_last)
-    )
 
 
 @dataclass(frozen=True)
@@ -74,7 +66,7 @@ class FlatLayout:
     def of(cls, named: Iterable[tuple[str, Tensor]]) -> FlatLayout:
         entries, offset = [], 0
         for name, t in named:
-            entries.append(Entry(name, tuple(t.shape), offset, t.numel(), _channels_last(t)))
+            entries.append(Entry(name, tuple(t.shape), offset, t.numel(), is_channels_last(t)))
             offset += t.numel()
         return cls(entries)
 
