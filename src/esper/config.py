@@ -108,6 +108,9 @@ class TaskConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
 class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     base_channels: Positive = 16
     n_blocks: Positive = 3
+    #: CNN: each block's width (its length is the depth); empty: ``base_channels * 2**i``
+    #: for ``n_blocks`` blocks.
+    block_channels: list[Positive] = msgspec.field(default_factory=list)
     #: transformer host
     d_model: Positive = 64
     n_heads: Positive = 4
@@ -343,10 +346,36 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     batch_envs: bool = False
 
 
+#: Family member names: short, printable, safe in tables and file names.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+class FamilyMember(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One host of a family: a CNN with these block widths (its depth is their count);
+    everything else is ``[host]``."""
+
+    name: str
+    block_channels: list[Positive]
+
+
+class FamilyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A host family (``[[family.members]]``): at every reset each env draws its host
+    from the members, balanced within a round and seeded by (run seed, round), so
+    every policy run with the same seed trains the same hosts. Empty: every env's host
+    is ``[host]``. With a family the observation carries the host's descriptors."""
+
+    members: list[FamilyMember] = msgspec.field(default_factory=list)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.members)
+
+
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     host: HostConfig = msgspec.field(default_factory=HostConfig)
+    family: FamilyConfig = msgspec.field(default_factory=FamilyConfig)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
@@ -396,6 +425,7 @@ def _validate(cfg: Config) -> Config:
             f"$.task.data_path: task {cfg.task.name.value!r} needs a local path "
             f"(--data-path PATH), {what}; nothing is downloaded at run time"
         )
+    _check_family(cfg)
     _check_blueprint_names(cfg.policy.blueprints, "blueprints")
     _check_menus(cfg.policy)
     _validate_heuristic(cfg.policy)
@@ -406,6 +436,33 @@ def _validate(cfg: Config) -> Config:
             "step could germinate"
         )
     return cfg
+
+
+def _check_family(cfg: Config) -> None:
+    """Member names unique and printable, block widths given; the batched host path
+    stacks identical hosts, so it cannot train a family."""
+    members = cfg.family.members
+    for i, member in enumerate(members):
+        where = f"$.family.members[{i}]"
+        if MEMBER_NAME.fullmatch(member.name) is None:
+            raise ConfigError(
+                f"{where}.name: {member.name!r}: use 1-32 characters from [A-Za-z0-9_.-], "
+                "starting with a letter or digit"
+            )
+        if member.name in [m.name for m in members[:i]]:
+            raise ConfigError(f"{where}.name: {member.name!r} listed twice")
+        if not member.block_channels:
+            raise ConfigError(f"{where}.block_channels: must list at least one block width")
+    if members and cfg.run.batch_envs:
+        raise ConfigError(
+            "$.run.batch_envs: the batched host path stacks identical hosts and cannot train "
+            "a host family ($.family.members); turn one of them off"
+        )
+    if members and cfg.task.name == TaskName.TEXT:
+        raise ConfigError(
+            "$.family.members: a host family is a family of CNN hosts (block widths); "
+            "task 'text' trains a transformer host"
+        )
 
 
 def _check_blueprint_names(names: list[str], key: str) -> None:

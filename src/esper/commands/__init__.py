@@ -36,6 +36,11 @@ COMMANDS: Final = (
         "heuristic", "esper.commands.heuristic", "the same as: esper train --policy heuristic"
     ),
     CommandSpec(
+        "evaluate",
+        "esper.commands.evaluate",
+        "evaluate a trained policy, frozen (deterministic actions, no updates), with telemetry",
+    ),
+    CommandSpec(
         "telemetry-demo",
         "esper.commands.demo",
         "write a synthetic run through the real telemetry pipeline",

@@ -137,6 +137,26 @@ def _run_training(cfg: Config, args: argparse.Namespace, collective: Collective 
     return 0
 
 
+def run_evaluation(cfg: Config, args: argparse.Namespace) -> int:
+    """``esper evaluate``: progress, the summary table and the optional report."""
+    from esper.training.evaluate import evaluate
+
+    console = Console(stderr=True)
+    view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())
+    try:
+        with view.progress, _sigterm_as_interrupt():
+            result = evaluate(cfg, args.checkpoint, progress=view)
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        console.print(f"{what}: telemetry flushed", markup=False)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    out = Console()
+    _print_summary(result, out)
+    if args.report is not None:
+        _write_report(result, args.report, out)
+    return 0
+
+
 def _checkpoint_note(ledger: CheckpointLedger, *, said: str = "") -> str:
     """Which checkpoint resumes the run: only what is true on disk (``said``: the error
     already printed, so a failed save is not reported twice)."""

@@ -31,6 +31,7 @@ def build_host(host: HostConfig, spec: TaskSpec, *, seed: int) -> HostNetwork:
                 num_classes=spec.num_classes,
                 base_channels=host.base_channels,
                 n_blocks=host.n_blocks,
+                block_channels=tuple(host.block_channels),
             )
     else:
         if len(spec.input_shape) != 1:

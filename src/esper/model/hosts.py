@@ -5,10 +5,10 @@ segments in order and lets each slot transform the activation in between. Hosts 
 their slot geometry (id, width) and, for gradient metrics, which segment's parameters
 a slot's seed should be compared with.
 
-CNN: conv-norm-ReLU blocks with base * 2**i channels; a max-pool follows every block
-but the last while the spatial size allows, with a slot before each pool (``r0c<i>``)
-and after it (``r1c<i>``). Transformer: pre-norm causal blocks, weight-tied head,
-a slot after every block (``r0c<i>``).
+CNN: conv-norm-ReLU blocks with base * 2**i channels (or the widths given per block); a
+max-pool follows every block but the last while the spatial size allows, with a slot
+before each pool (``r0c<i>``) and after it (``r1c<i>``). Transformer: pre-norm causal
+blocks, weight-tied head, a slot after every block (``r0c<i>``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,14 @@ class CNNHost(HostNetwork):
     """Convolutional host for C x H x W images (works from 8x8 digits to 32x32 colour)."""
 
     def __init__(
-        self, *, in_channels: int, spatial: int, num_classes: int, base_channels: int, n_blocks: int
+        self,
+        *,
+        in_channels: int,
+        spatial: int,
+        num_classes: int,
+        base_channels: int,
+        n_blocks: int,
+        block_channels: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         self.topology = Topology.CNN
@@ -99,8 +106,9 @@ class CNNHost(HostNetwork):
         self.segments = nn.ModuleList()
         ids_widths: list[tuple[str, int]] = []
         c_in, size = in_channels, spatial
-        for i in range(n_blocks):
-            c_out = base_channels * 2**i
+        widths = block_channels or tuple(base_channels * 2**i for i in range(n_blocks))
+        n_blocks = len(widths)
+        for i, c_out in enumerate(widths):
             self.segments.append(ConvBlock(c_in, c_out))
             ids_widths.append((slot_name(PRE_POOL_ROW, i), c_out))
             if i < n_blocks - 1 and size // POOL >= MIN_POOLED_SPATIAL:

@@ -23,6 +23,7 @@ from esper.core.enums import (
     PruneReason,
     Topology,
 )
+from esper.core.host_family import HostDescriptor, SlotDescriptor, positions
 from esper.core.records import LifecycleRecord, SlotReport
 from esper.model import snapshot
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
@@ -256,6 +257,20 @@ class MorphogeneticModel(nn.Module):
 
     def seed_parameters(self, slot_id: str) -> list[nn.Parameter]:
         return self._slot(slot_id).seed_parameters()
+
+    def describe(self, name: str = "") -> HostDescriptor:
+        """The host's shape as the policy observes it (``name``: its family member)."""
+        segments = self.host.segments
+        where = positions(len(segments), [self.positions[s].segment for s in self.slot_ids])
+        return HostDescriptor(
+            name=name,
+            params=sum(p.numel() for p in self.host.parameters()),
+            depth=sum(1 for seg in segments if any(True for _ in seg.parameters())),
+            slots=tuple(
+                SlotDescriptor(slot_id=s, width=self.positions[s].width, position=pos)
+                for s, pos in zip(self.slot_ids, where, strict=True)
+            ),
+        )
 
     def param_counts(self) -> ParamCounts:
         host = sum(p.numel() for p in self.host.parameters())

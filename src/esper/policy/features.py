@@ -5,11 +5,14 @@ on the host, so the whole [N, OBS_DIM] matrix is assembled in numpy and moved to
 policy device in one transfer, with no device synchronisation. Unknown measurements
 (NaN in the reports) become 0; whether a measurement exists is its own flag feature.
 Blueprints are not one-hot encoded here: their ids go to a learned embedding in the
-network (0 means "no seed").
+network (0 means "no seed"). With a host family (``hosts`` given) the host's descriptors
+follow: its size and depth, and per slot its width, place and relative seed cost, so
+one policy can grow each member differently.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Final
 
@@ -26,6 +29,7 @@ from esper.core.constants import (
     TEMPOS,
 )
 from esper.core.enums import AlphaMode, BlendOp, LifecycleOp, SeedStage
+from esper.core.host_family import HostDescriptor, slot_cost
 from esper.core.records import SlotReport
 from esper.policy.signals import SignalTracker
 
@@ -83,8 +87,23 @@ SLOT_LAYOUT: Final[tuple[tuple[str, int], ...]] = (
     ("age", 1),
     ("scheduled_prune", 1),
 )
+#: With a host family: (name, width) of the host's features, after the per-slot ones ...
+HOST_LAYOUT: Final[tuple[tuple[str, int], ...]] = (("host_params_log", 1), ("host_depth", 1))
+#: ... then these for every slot (:class:`esper.core.host_family.SlotDescriptor`).
+SLOT_HOST_LAYOUT: Final[tuple[tuple[str, int], ...]] = (
+    ("slot_width_log", 1),
+    ("slot_position", 1),
+    ("slot_cost", 1),
+)
 BASE_DIM: Final = sum(w for _, w in BASE_LAYOUT)
 SLOT_DIM: Final = sum(w for _, w in SLOT_LAYOUT)
+HOST_DIM: Final = sum(w for _, w in HOST_LAYOUT)
+SLOT_HOST_DIM: Final = sum(w for _, w in SLOT_HOST_LAYOUT)
+#: Scales that bring the host descriptors near [0, 1] for the digits-sized hosts: log10
+#: of the parameters, blocks, log2 of a slot's channels.
+HOST_PARAMS_LOG_SCALE: Final = 5.0
+HOST_DEPTH_SCALE: Final = 4.0
+SLOT_WIDTH_LOG_SCALE: Final = 6.0
 
 # Column order of the raw per-slot matrix extracted from the reports.
 _RAW_FIELDS: Final = (
@@ -111,9 +130,36 @@ _RAW_FIELDS: Final = (
 _R: Final = {name: i for i, name in enumerate(_RAW_FIELDS)}
 
 
-def obs_dim(n_slots: int) -> int:
-    """Observation width: ``BASE_DIM + n_slots * SLOT_DIM``."""
-    return BASE_DIM + n_slots * SLOT_DIM
+def obs_dim(n_slots: int, *, host_features: bool = False) -> int:
+    """Observation width: ``BASE_DIM + n_slots * SLOT_DIM``, plus ``HOST_DIM + n_slots *
+    SLOT_HOST_DIM`` with the host descriptors (a host family)."""
+    extra = HOST_DIM + n_slots * SLOT_HOST_DIM if host_features else 0
+    return BASE_DIM + n_slots * SLOT_DIM + extra
+
+
+def host_features(hosts: Sequence[HostDescriptor], slot_order: Sequence[str]) -> np.ndarray:
+    """[N, HOST_DIM + S * SLOT_HOST_DIM]: each env's host size, depth and per slot its
+    width, place and the relative cost of a convolution there."""
+    rows = []
+    for host in hosts:
+        by_id = {d.slot_id: d for d in host.slots}
+        if set(by_id) != set(slot_order):
+            raise ValueError(
+                f"host {host.name!r} describes slots {sorted(by_id)}, not {slot_order}"
+            )
+        row = [
+            math.log10(max(host.params, 1)) / HOST_PARAMS_LOG_SCALE,
+            host.depth / HOST_DEPTH_SCALE,
+        ]
+        for slot_id in slot_order:
+            d = by_id[slot_id]
+            row += [
+                math.log2(max(d.width, 1)) / SLOT_WIDTH_LOG_SCALE,
+                d.position,
+                slot_cost(d.width, host.params),
+            ]
+        rows.append(row)
+    return np.array(rows, dtype=np.float64).reshape(len(hosts), -1)
 
 
 def symlog(x: np.ndarray) -> np.ndarray:
@@ -247,10 +293,13 @@ def build_features(
     last_ops: Sequence[int],
     last_success: Sequence[bool],
     device: torch.device | str,
+    hosts: Sequence[HostDescriptor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(obs [N, obs_dim(S)] float32, blueprint_ids [N, S] long), one transfer each.
 
     Every env must list its slots in the same order (the action space's slot order).
+    ``hosts`` (a host family): every env's host descriptor, appended as
+    :data:`HOST_LAYOUT` and :data:`SLOT_HOST_LAYOUT` columns.
     """
     n = len(reports)
     if not (n == len(trackers) == len(last_ops) == len(last_success)) or n == 0:
@@ -262,7 +311,12 @@ def build_features(
     stage = raw[..., _R["stage"]].astype(np.int64)
     base = _base_features(trackers, stage, epoch, max_epochs, last_ops, last_success)
     slots = _slot_features(raw, max_epochs).reshape(n, -1)
-    obs = np.nan_to_num(np.concatenate([base, slots], axis=1), nan=0.0, posinf=0.0, neginf=0.0)
+    parts = [base, slots]
+    if hosts is not None:
+        if len(hosts) != n:
+            raise ValueError(f"{len(hosts)} host descriptors for {n} envs")
+        parts.append(host_features(hosts, slot_order))
+    obs = np.nan_to_num(np.concatenate(parts, axis=1), nan=0.0, posinf=0.0, neginf=0.0)
     active = np.isin(stage, [_STAGE_CODE[s] for s in ACTIVE_STAGES])
     bp_ids = np.where(active, raw[..., _R["blueprint"]], 0).astype(np.int64)
     return (

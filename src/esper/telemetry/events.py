@@ -20,8 +20,9 @@ import msgspec
 from esper.core.enums import TelemetryLevel
 
 #: 2: run directories use the hive layout ``events/type=<type>/rank=<r>/``; 3: parts are
-#: named by their seq range, and runs have no journal. The analysis layer reads 1-3.
-SCHEMA_VERSION: Final = 3
+#: named by their seq range, and runs have no journal; 4: ``episode_finished.host`` (the
+#: host family member) and ``run_started.eval_checkpoint``. The analysis layer reads 1-4.
+SCHEMA_VERSION: Final = 4
 
 
 class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type"):
@@ -60,6 +61,9 @@ class RunStarted(Event, tag="run_started", frozen=True, gc=False, kw_only=True):
     seed: int
     telemetry_level: str
     deterministic: bool
+    #: ``esper evaluate``: the checkpoint whose frozen policy the run evaluates (deterministic
+    #: actions, no updates); "" for a training run.
+    eval_checkpoint: str = ""
 
 
 class RunFinished(Event, tag="run_finished", frozen=True, gc=False, kw_only=True):
@@ -259,6 +263,8 @@ class EpisodeFinished(Event, tag="episode_finished", frozen=True, gc=False, kw_o
     episode_reward: float
     rollbacks: int
     rollback_penalty: float
+    #: The env's host family member ("" without a family; absent before schema 4).
+    host: str = ""
 
 
 class PpoUpdate(Event, tag="ppo_update", frozen=True, gc=False, kw_only=True):

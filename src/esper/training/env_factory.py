@@ -2,16 +2,19 @@
 
 Every round starts from fresh, deterministically seeded hosts: the seed of env ``e`` in
 round ``r`` derives from the run seed alone, so a resumed run rebuilds exactly the same
-hosts as an uninterrupted one.
+hosts as an uninterrupted one. With a host family the member each env trains is drawn
+from the same seeds (:func:`esper.core.host_family.member_index`).
 """
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
-from esper.config import Config, HostConfig
+from esper.config import Config, ConfigError, HostConfig
 from esper.core.constants import ENV_SEED_STRIDE, ROUND_SEED_STRIDE
 from esper.core.enums import AmpMode
+from esper.core.host_family import member_index
 from esper.data.tasks import TaskSpec
 from esper.model import MorphogeneticModel, build_model
 from esper.policy.signals import SignalTracker
@@ -27,6 +30,34 @@ def resolve_env_devices(cfg: Config) -> list[torch.device]:
     """``env_devices`` round-robin, defaulting to the run device for every env."""
     names = cfg.run.env_devices or [cfg.run.device]
     return [torch.device(names[i % len(names)]) for i in range(cfg.run.n_envs)]
+
+
+def member_host(cfg: Config, rnd: int, env: int) -> tuple[str, HostConfig]:
+    """(member name, host config) of global env ``env`` in round ``rnd``; without a
+    family, ("", ``[host]``)."""
+    members = cfg.family.members
+    if not members:
+        return "", cfg.host
+    member = members[member_index(cfg.run.seed, rnd, env, len(members))]
+    return member.name, msgspec.structs.replace(cfg.host, block_channels=member.block_channels)
+
+
+def check_family_slots(cfg: Config, spec: TaskSpec, slot_ids: tuple[str, ...]) -> None:
+    """Every family member must offer the action space's slots, in its order: one policy
+    acts on all of them (``host.slots`` can name the slots that members of different
+    depths share)."""
+    for i, member in enumerate(cfg.family.members):
+        host = msgspec.structs.replace(cfg.host, block_channels=member.block_channels)
+        try:
+            probe = build_model(host, spec, seed=cfg.run.seed)
+        except ValueError as exc:
+            raise ConfigError(f"$.family.members[{i}] ({member.name!r}): {exc}") from None
+        if probe.slot_ids != slot_ids:
+            raise ConfigError(
+                f"$.family.members[{i}] ({member.name!r}): its slots {list(probe.slot_ids)} "
+                f"differ from the first member's {list(slot_ids)}; every member must offer "
+                "the same slots (set host.slots to the slots they share)"
+            )
 
 
 def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
@@ -62,12 +93,15 @@ class EnvFactory:
         """Env ``local`` of this process; seeded and named by its global index."""
         device = self.devices[local]
         index = self.env_offset + local
+        name, host = member_host(self.cfg, rnd, index)
         model = build_model(
-            self.cfg.host,
+            host,
             self.spec,
             seed=env_seed(self.cfg.run.seed, rnd, index),
             strict_gates=self.cfg.host.strict_gates,
-        ).to(device, non_blocking=True)
+        )
+        descriptor = model.describe(name)
+        model = model.to(device, non_blocking=True)
         if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         governor = Governor(self.cfg.governor, random_guess_loss=self.spec.random_guess_loss)
@@ -78,6 +112,7 @@ class EnvFactory:
             model=model,
             host_optimizer=make_host_optimizer(model, self.cfg.host),
             host_cfg=self.cfg.host,
+            host=descriptor,
             governor=governor,
             tracker=SignalTracker(
                 plateau_gain_pp=self.cfg.policy.plateau_gain_pp,

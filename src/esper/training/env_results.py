@@ -106,3 +106,5 @@ class EnvSummary:
     params: ParamCounts
     active_seeds: int
     episode: EpisodeStats
+    #: The env's host family member ("" without a family).
+    host: str = ""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from esper.config import HostConfig
+from esper.core.host_family import HostDescriptor
 from esper.core.layout import Layout
 from esper.core.records import (
     LifecycleRecord,
@@ -71,6 +72,8 @@ class EnvState:
     seed_optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
     #: The host's training settings (``[host]``): seed optimizers are made from it.
     host_cfg: HostConfig = field(default_factory=HostConfig)
+    #: The host's shape and family member (what the policy observes with a family).
+    host: HostDescriptor | None = None
     stream: torch.cuda.Stream | None = None
     scaler: torch.amp.GradScaler | None = None
     #: Lifecycle records reported by the model since the last drain (the model's callback).

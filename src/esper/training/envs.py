@@ -28,6 +28,7 @@ import torch
 
 from esper.config import Config
 from esper.core.enums import Initiator
+from esper.core.host_family import HostDescriptor
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
 from esper.policy.actions import ActionSpace, DecodedAction
@@ -175,8 +176,15 @@ class HostEnvs:
             last_ops=[e.last_op for e in envs],
             last_success=[e.last_success for e in envs],
             device=self.policy_device,
+            hosts=self._hosts(),
         )
         return Observation(obs, bp_ids, masks, reports, trackers)
+
+    def _hosts(self) -> list[HostDescriptor] | None:
+        """The envs' host descriptors, observed with a host family (None without)."""
+        if not self.cfg.family.enabled:
+            return None
+        return [env.host for env in self.states if env.host is not None]
 
     def step(self, actions: Sequence[DecodedAction], step: int) -> list[EnvTransition]:
         """Execute each env's action and compute its reward (host-side, no sync)."""
@@ -209,6 +217,7 @@ class HostEnvs:
                 params=env.model.param_counts(),
                 active_seeds=sum(1 for r in env.model.slot_reports() if r.active),
                 episode=env.stats,
+                host=env.host.name if env.host is not None else "",
             )
             for env in self.states
         ]

@@ -4,6 +4,8 @@ The trainer loop talks to one small interface (begin a round, act, record a step
 back an env's segment, end the round); this class composes the parts built in
 ``policy/`` and ``training/`` and owns their checkpointable state. A heuristic policy
 uses the same class with learning switched off, so both commands emit the same events.
+A frozen learner (``esper evaluate``) acts deterministically and updates nothing: no
+PPO step, no normaliser statistics.
 """
 
 from __future__ import annotations
@@ -95,14 +97,17 @@ class Learner:
         policy: Policy,
         *,
         collective: Collective | None = None,
+        frozen: bool = False,
     ) -> None:
         self.cfg = cfg
         self.space = space
         self.policy = policy
         self.device = torch.device(cfg.run.device)
         self.resolved_amp = resolve_amp(cfg, self.device)
-        self.learning = cfg.policy.kind == PolicyKind.PPO
-        dim = obs_dim(space.n_slots)
+        #: Evaluation: the most likely valid action, nothing updated.
+        self.frozen = frozen
+        self.learning = cfg.policy.kind == PolicyKind.PPO and not frozen
+        dim = obs_dim(space.n_slots, host_features=cfg.family.enabled)
         self.obs_norm = RunningMeanStd((dim,), device=self.device)
         self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma, clip=cfg.reward.normalize_clip)
         self.value_norm = ValueNormalizer(device=self.device)  # with the values it scales
@@ -151,7 +156,7 @@ class Learner:
             reports=o.reports,
             trackers=o.trackers,
         )
-        out = self.policy.act(inp, hidden, generator=self.generator)
+        out = self.policy.act(inp, hidden, generator=self.generator, deterministic=self.frozen)
         parts = {  # DECISION_ROW's fields, in its order
             "actions": out.actions.float(),
             "log_prob": out.log_probs.sum(dim=1, keepdim=True),
@@ -192,7 +197,8 @@ class Learner:
         dones = torch.full((len(raw_rewards),), terminal, dtype=torch.bool)
         normalized = raw
         if self.cfg.reward.normalize:
-            self.reward_norm.update(raw, dones)
+            if not self.frozen:
+                self.reward_norm.update(raw, dones)
             normalized = self.reward_norm.normalize(raw)
         if self.buffer is not None:
             self.buffer.add(
@@ -235,7 +241,7 @@ class Learner:
             metrics = self.updater.update(
                 self.buffer, round_index=rnd, total_rounds=self.cfg.run.rounds, loss_hook=hook
             )
-        if self._round_obs:
+        if self._round_obs and not self.frozen:
             self.obs_norm.unfreeze()
             self.obs_norm.update(torch.cat(self._round_obs))
             self.obs_norm.freeze()

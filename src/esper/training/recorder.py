@@ -130,7 +130,15 @@ class Recorder:
         return self.hub.enabled(level)
 
     # ------------------------------------------------------------------ run level
-    def run_started(self, cfg: Config, learner: Learner, parent: str, start_round: int) -> None:
+    def run_started(
+        self,
+        cfg: Config,
+        learner: Learner,
+        parent: str,
+        start_round: int,
+        *,
+        eval_checkpoint: str = "",
+    ) -> None:
         resolved = with_overrides(cfg, {"run.amp": learner.resolved_amp.value})
         env_devices = [str(d) for d in (cfg.run.env_devices or [cfg.run.device])]
         compiled = bool(cfg.policy.compile and cfg.policy.kind == PolicyKind.PPO)
@@ -156,6 +164,7 @@ class Recorder:
                 seed=cfg.run.seed,
                 telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
                 deterministic=learner.device.type == "cpu",
+                eval_checkpoint=eval_checkpoint,
             )
         )
 
@@ -256,6 +265,7 @@ class Recorder:
                 episode_reward=s.reward_sum,
                 rollbacks=s.rollbacks,
                 rollback_penalty=s.rollback_penalty,
+                host=e.host,
             )
         )
 

@@ -45,6 +45,7 @@ from esper.training.distributed import (
     rank_device,
     rank_path,
 )
+from esper.training.env_factory import check_family_slots, member_host
 from esper.training.faults import FaultPlan, check_faults
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
@@ -137,7 +138,7 @@ def default_run_id(cfg: Config) -> str:
     return f"{cfg.task.name.value}-{cfg.policy.kind.value}-s{cfg.run.seed}-{stamp}"
 
 
-def _check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
+def check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
     """Each env (of every rank) trains on its own share of the data: one sample each
     (unless ``task.env_split`` is off: then every env trains on the same samples)."""
     n_train = int(data.train_y.shape[0])
@@ -152,10 +153,12 @@ def _check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
 
 def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
     """The policy's action space, from a probe model (which also validates ``host``)."""
+    host = member_host(cfg, 0, 0)[1]  # with a family: a member (all offer the same slots)
     try:
-        probe = build_model(cfg.host, data.spec, seed=cfg.run.seed)
+        probe = build_model(host, data.spec, seed=cfg.run.seed)
     except ValueError as exc:  # e.g. host.slots naming a slot this host does not have
         raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
+    check_family_slots(cfg, data.spec, probe.slot_ids)
     blueprints = tuple(cfg.policy.blueprints) or None
     try:
         return ActionSpace(
@@ -221,11 +224,9 @@ def train(
     ckpt_path = Path(save) if save is not None else _default_checkpoint(cfg, run_id)
     restart = False
     if telemetry is None and not continued:
-        restart = _check_telemetry_dir(
-            cfg, run_id, rank=rank, checkpoint=rank_path(ckpt_path, rank)
-        )
+        restart = check_telemetry_dir(cfg, run_id, rank=rank, checkpoint=rank_path(ckpt_path, rank))
     data = data if data is not None else load_task(cfg.task, seed=cfg.run.seed)
-    _check_envs_fit(cfg, data, collective.world_size if collective is not None else 1)
+    check_envs_fit(cfg, data, collective.world_size if collective is not None else 1)
     space = action_space_for(cfg, data)
     learner = Learner(
         cfg,
@@ -245,7 +246,7 @@ def train(
     hub = (
         telemetry
         if telemetry is not None
-        else _open_hub(cfg, run_id, parent, state, continue_run, collective=collective,
+        else open_hub(cfg, run_id, parent, state, continue_run, collective=collective,
                        replace=restart)
     )  # fmt: skip
     if collective is not None:
@@ -266,7 +267,7 @@ def train(
     run_dir = getattr(hub, "run_dir", None)
     saver = _Saver(cfg, learner, recorder, rank_path(ckpt_path, rank), ledger, collective)
     before = _Before.of(cfg, state, saver.world_size) if continued else _Before()
-    return _run_rounds(cfg, trainer, saver, start_round, run_dir, before)
+    return run_rounds(cfg, trainer, saver, start_round, run_dir, before)
 
 
 @dataclass(frozen=True)
@@ -326,13 +327,13 @@ def _check_rounds_left(cfg: Config, start: int, resume: str | Path | None) -> No
         )
 
 
-def _run_rounds(
+def run_rounds(
     cfg: Config,
     trainer: VectorizedTrainer,
-    saver: _Saver,
+    saver: _Saver | None,
     start_round: int,
     run_dir: Path | None,
-    before: _Before,
+    before: _Before = _Before(),
 ) -> TrainResult:
     """Run the rounds; on any way out, checkpoint only completed rounds, then close."""
     t0 = time.perf_counter()
@@ -348,7 +349,8 @@ def _run_rounds(
             every = cfg.run.checkpoint_every
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
             rollbacks = before.rollbacks + trainer.state.rollbacks
-            saver.round_completed(next_round, save_now=due, rollbacks=rollbacks)
+            if saver is not None:  # None: an evaluation, which saves nothing
+                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks)
     except KeyboardInterrupt as exc:
         status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
@@ -358,10 +360,10 @@ def _run_rounds(
     finally:
         wall = time.perf_counter() - t0
         # Multi-rank: every rank steps the same envs per step in lockstep.
-        env_steps = trainer.state.env_steps * saver.world_size
+        env_steps = trainer.state.env_steps * (saver.world_size if saver is not None else 1)
         with _sigterm_ignored():  # torchrun SIGTERMs every rank once one fails
             try:  # a failed telemetry writer makes these emits raise: still close the hub
-                if status != RunStatus.FINISHED:
+                if status != RunStatus.FINISHED and saver is not None:
                     saver.save_pending_quietly()
                 trainer.recorder.run_finished(  # totals of the whole run
                     status,
@@ -382,7 +384,7 @@ def _run_rounds(
         wall_s=wall,
         eps=env_steps / wall if wall > 0 else 0.0,
         rollbacks=trainer.state.rollbacks,
-        checkpoint=saver.path if saver.path.exists() else None,
+        checkpoint=saver.path if saver is not None and saver.path.exists() else None,
         rounds=trainer.state.round_summaries,
     )
 
@@ -433,7 +435,7 @@ def _free_run_id(cfg: Config, base: str) -> str:
     return candidate
 
 
-def _check_telemetry_dir(cfg: Config, run_id: str, *, rank: int, checkpoint: Path) -> bool:
+def check_telemetry_dir(cfg: Config, run_id: str, *, rank: int, checkpoint: Path) -> bool:
     """Fail on an unusable run directory before the (possibly slow) data load. True when
     the run id holds a run that stopped before completing a round (restarted: nothing
     complete is lost)."""
@@ -460,7 +462,7 @@ def _check_continued(
     return check_resumable(run_dir, run_id=run_id, rank=rank)
 
 
-def _open_hub(
+def open_hub(
     cfg: Config,
     run_id: str,
     parent: str,
