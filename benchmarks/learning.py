@@ -14,6 +14,8 @@ uniformly among the valid choices; ``eager_heavy`` is the eager grower with
 
     python benchmarks/learning.py                 # 3 seeds, full preset (see README)
     python benchmarks/learning.py --quick         # seconds: a smoke test, numbers mean nothing
+    python benchmarks/learning.py --family rules|ppo|pair|transfer|summary [--seeds S]
+                                                  # the host family (benchmarks/_family.py)
 """
 
 from __future__ import annotations
@@ -245,6 +247,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (JSON)"
     )
     parser.add_argument("--quick", action="store_true", help="seconds; numbers mean nothing")
+    parser.add_argument(
+        "--family",
+        choices=["rules", "ppo", "pair", "transfer", "summary"],
+        help="the host-family benchmark (configs/learning_family.toml), one stage "
+        "(benchmarks/_family.py; --seeds picks the seeds)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default=None, help="results file name (default: learning)")
     parser.add_argument(
@@ -410,6 +418,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.family:
+        from _family import main_family
+
+        return main_family(args)
     if args.merge:
         return _merge(args)
     cfg = load_config(args.config)

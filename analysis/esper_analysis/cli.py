@@ -26,6 +26,7 @@ from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
 from esper_analysis.counts import Counts, event_counts
 from esper_analysis.errors import AnalysisError
+from esper_analysis.hosts import host_choices
 from esper_analysis.integrity import corrupt_data_errors
 from esper_analysis.lifecycles import seed_lifecycles
 from esper_analysis.loader import Run, is_run_dir, load_run, load_runs
@@ -59,6 +60,10 @@ ANALYSES: Final[dict[str, tuple[Callable[[Run], AnalysisResult], str]]] = {
     "rollbacks": (rollback_audit, "governor rollbacks, checked against buffer and episode"),
     "lifecycles": (seed_lifecycles, "seed lifecycles and per-blueprint outcomes"),
     "actions": (action_distribution, "op distribution per round and env"),
+    "hosts": (
+        host_choices,
+        "growth per host family member: slot, blueprint and step of the germinations",
+    ),
     "ppo": (ppo_health, "PPO losses, entropy per head, KL, explained variance"),
     "throughput": (throughput, "EPS and phase timings per round"),
 }

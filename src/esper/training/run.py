@@ -186,8 +186,14 @@ def train(
     continue_run: bool = False,
     ledger: CheckpointLedger | None = None,
     collective: Collective | None = None,
+    first_round: int = 0,
 ) -> TrainResult:
     """Train (PPO or heuristic, per ``config.policy.kind``) and return a summary.
+
+    ``first_round`` (a fresh run): play rounds ``first_round .. run.rounds - 1`` only. A
+    rule-based policy's round depends on nothing but the seed and the round, so this
+    measures exactly those rounds of a full run (benchmarks pair them with a learning
+    run's last third); a learning policy starts there untrained.
 
     ``ledger`` (optional) is kept pointing at the last good checkpoint, for callers that
     report on an interrupted or failed run. ``collective`` makes this process one rank
@@ -205,7 +211,12 @@ def train(
     state = load_checkpoint(resume, cfg) if resume is not None else None
     if state is not None:
         check_world_size(state, resume, collective)
-    start = int(state["next_round"]) if state is not None else 0
+    if first_round and (resume is not None or not 0 < first_round < cfg.run.rounds):
+        raise UserError(
+            f"first_round {first_round}: a fresh run's first round, below run.rounds "
+            f"({cfg.run.rounds}); a resume starts where its checkpoint says"
+        )
+    start = int(state["next_round"]) if state is not None else first_round
     if faults is not None:
         check_faults(faults, global_run(cfg.run, collective), start_round=start)
     ledger = ledger if ledger is not None else CheckpointLedger()
