@@ -95,8 +95,9 @@ def entry(run: Run) -> RunEntry:
     started = _last_row(
         run,
         "run_started",
-        ("task", "policy_kind", "parent_run_id", "rounds", "n_envs", "episode_length"),
-    )
+        ("task", "policy_kind", "parent_run_id", "rounds", "n_envs", "episode_length",
+         "eval_checkpoint"),
+    )  # fmt: skip
     finished = _last_row(run, "run_finished", ("rounds_completed", "env_steps", "eps"))
     n_rounds, eps, final_reward = _rounds(run)
     env_steps: int | None = None
@@ -113,7 +114,7 @@ def entry(run: Run) -> RunEntry:
         run_id=run.run_id,
         status=run.status.value,
         task=None if started is None else str(started["task"]),
-        policy=None if started is None else str(started["policy_kind"]),
+        policy=None if started is None else _policy(started),
         rounds=n_rounds,
         rounds_planned=None if started is None else int(started["rounds"]),
         env_steps=env_steps,
@@ -123,6 +124,12 @@ def entry(run: Run) -> RunEntry:
         started=_started(run),
         path=str(run.path),
     )
+
+
+def _policy(started: dict[str, Any]) -> str:
+    """The policy kind; an ``esper evaluate`` run is marked (a frozen policy, no updates)."""
+    kind = str(started["policy_kind"])
+    return f"{kind} (eval)" if started.get("eval_checkpoint") else kind
 
 
 def _unreadable(path: Path, error: Exception) -> RunEntry:
