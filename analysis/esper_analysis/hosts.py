@@ -69,8 +69,9 @@ def host_choices(run: Run) -> HostChoices:
     """Per member: episodes and outcomes (last third), and the germinations by slot,
     blueprint and phase, with their share of the member's episodes and mean step."""
     episodes = run.scan("episode_finished").with_columns(pl.col("host").fill_null("")).collect()
-    first = int(episodes["round"].min()) if episodes.height else 0
-    rounds = int(episodes["round"].max()) + 1 - first if episodes.height else 0
+    played = episodes["round"].unique().sort().to_list()
+    first = played[0] if played else 0
+    rounds = played[-1] + 1 - first if played else 0
     label, late = _phase(first, rounds)
     episodes = episodes.with_columns(phase=label)
     widths = _block_channels(run)
