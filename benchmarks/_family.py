@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -52,7 +53,7 @@ SEEDS = (0, 1, 2, 3, 4)
 #: Rounds of the rules table, from the start of PPO's last third.
 TABLE_ROUNDS = 4
 #: Rounds each frozen policy and rule plays on the held-out members.
-TRANSFER_ROUNDS = 8
+TRANSFER_ROUNDS = 4
 QUICK: dict[str, Any] = {
     "run.rounds": 3,
     "run.episode_length": 14,
@@ -80,9 +81,12 @@ def rule_overrides(name: str) -> dict[str, Any]:
     }
 
 
+#: The blueprints of the rules table (the quick smoke test: one).
+TABLE_BLUEPRINTS: tuple[str, ...] = CNN_BLUEPRINTS
+
+
 def all_rules(cfg: Config) -> list[str]:
-    slots = cfg.host.slots
-    return [rule_name(b, s) for b in CNN_BLUEPRINTS for s in slots]
+    return [rule_name(b, s) for b in TABLE_BLUEPRINTS for s in cfg.host.slots]
 
 
 def last_third(rounds: int) -> range:
@@ -137,29 +141,32 @@ def run_rule(cfg: Config, name: str, seed: int, window: range, data: TaskData) -
     return {"episodes": _episodes(hub), "wall_s": time.perf_counter() - t0}
 
 
-def run_ppo(cfg: Config, seed: int, data: TaskData) -> dict[str, Any]:
+def run_ppo(cfg: Config, seed: int, data: TaskData, variant: str) -> dict[str, Any]:
     run_cfg = with_overrides(cfg, {"run.seed": seed, "telemetry.level": "lifecycle"})
-    hub = MemoryHub(run_id=f"ppo-s{seed}", level=TelemetryLevel.LIFECYCLE)
+    hub = MemoryHub(run_id=f"{variant}-s{seed}", level=TelemetryLevel.LIFECYCLE)
     CHECKPOINTS.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    train(run_cfg, telemetry=hub, data=data, save=checkpoint_path(seed))
-    return {
-        "episodes": _episodes(hub),
-        "updates": _updates(hub),
-        "wall_s": time.perf_counter() - t0,
-    }
+    train(run_cfg, telemetry=hub, data=data, save=checkpoint_path(seed, variant))
+    wall = time.perf_counter() - t0
+    return {"episodes": _episodes(hub), "updates": _updates(hub), "wall_s": wall}
 
 
-def run_frozen(cfg: Config, seed: int, data: TaskData) -> dict[str, Any]:
-    run_cfg = with_overrides(cfg, {"run.seed": seed, "telemetry.level": "lifecycle"})
-    hub = MemoryHub(run_id=f"ppo-eval-s{seed}", level=TelemetryLevel.LIFECYCLE)
+def run_frozen(
+    cfg: Config, seed: int, data: TaskData, variant: str, window: range
+) -> dict[str, Any]:
+    """The trained policy, frozen, on rounds ``window`` of ``cfg``'s hosts."""
+    run_cfg = with_overrides(
+        cfg, {"run.seed": seed, "run.rounds": window.stop, "telemetry.level": "lifecycle"}
+    )
+    hub = MemoryHub(run_id=f"{variant}-eval-s{seed}", level=TelemetryLevel.LIFECYCLE)
     t0 = time.perf_counter()
-    evaluate(run_cfg, checkpoint_path(seed), telemetry=hub, data=data)
+    path = checkpoint_path(seed, variant)
+    evaluate(run_cfg, path, telemetry=hub, data=data, first_round=window.start)
     return {"episodes": _episodes(hub), "wall_s": time.perf_counter() - t0}
 
 
-def checkpoint_path(seed: int) -> Path:
-    return CHECKPOINTS / f"ppo-s{seed}.pt"
+def checkpoint_path(seed: int, variant: str = "ppo") -> Path:
+    return CHECKPOINTS / f"{variant}-s{seed}.pt"
 
 
 # --------------------------------------------------------------------------- storage
@@ -173,8 +180,13 @@ def load_part(stage: str, seed: int) -> dict[str, Any]:
 
 
 def save_part(stage: str, seed: int, part: dict[str, Any]) -> None:
+    """Atomically, compact (a part holds every episode of its runs)."""
     part["machine"] = machine_info()
-    write_results(PARTS_DIR, f"{stage}-s{seed}", part)
+    PARTS_DIR.mkdir(parents=True, exist_ok=True)
+    target = part_path(stage, seed)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(part, separators=(",", ":")) + "\n")
+    os.replace(tmp, target)
 
 
 def _add_runs(stage: str, seed: int, names: Iterable[str], window: range, play: Any) -> None:
@@ -361,20 +373,33 @@ def stored(stage: str) -> dict[int, dict[str, Any]]:
 
 def chosen_rules(cfg: Config) -> dict[str, Any]:
     """The best fixed rule and each member's best rule, from the stored rules table."""
-    parts = stored("rules")
+    window, rules = table_window(cfg), all_rules(cfg)
+    parts = {
+        seed: part
+        for seed, part in stored("rules").items()
+        if all(set(window) <= {k[0] for k in episodes_of(part, n)} for n in [STATIC, *rules])
+    }  # the seeds with the whole table: every rule compared on the same episodes
     if not parts:
         raise SystemExit("--family pair/transfer/summary: run --family rules first")
-    return rules_table(parts, all_rules(cfg), table_window(cfg))
+    table = rules_table(parts, rules, window)
+    table["seeds"] = sorted(parts)
+    return table
 
 
-def stage(name: str, seed: int, cfg: Config, holdout: Config, data: TaskData) -> None:
+def stage(
+    name: str, seed: int, cfg: Config, holdout: Config, data: TaskData, variant: str = "ppo"
+) -> None:
     if name == "rules":
         play = lambda rule, window: run_rule(cfg, rule, seed, window, data)  # noqa: E731
         _add_runs("rules", seed, [STATIC, *all_rules(cfg)], table_window(cfg), play)
-    elif name == "ppo":
-        if "ppo" not in load_part("ppo", seed)["runs"] or not checkpoint_path(seed).is_file():
-            part = {"runs": {"ppo": [run_ppo(cfg, seed, data)]}}
-            save_part("ppo", seed, part)
+    elif name == "ppo":  # train; then the final policy, frozen, on the table's rounds
+        part = load_part(variant, seed)
+        if "ppo" not in part["runs"] or not checkpoint_path(seed, variant).is_file():
+            part = {"runs": {"ppo": [run_ppo(cfg, seed, data, variant)]}, "variant": variant}
+            save_part(variant, seed, part)
+        if "frozen" not in part["runs"]:
+            part["runs"]["frozen"] = [run_frozen(cfg, seed, data, variant, table_window(cfg))]
+            save_part(variant, seed, part)
     elif name == "pair":
         rt = chosen_rules(cfg)
         names = [STATIC, rt["best_fixed"], *sorted(set(rt["best_per_member"].values()))]
@@ -389,7 +414,7 @@ def stage(name: str, seed: int, cfg: Config, holdout: Config, data: TaskData) ->
 
         def play(rule: str, w: range) -> dict[str, Any]:
             if rule == "ppo":
-                return run_frozen(held, seed, data)
+                return run_frozen(held, seed, data, "ppo", w)
             return run_rule(held, rule, seed, w, data)
 
         _add_runs("transfer", seed, dict.fromkeys(["ppo", *names]), window, play)
@@ -397,132 +422,167 @@ def stage(name: str, seed: int, cfg: Config, holdout: Config, data: TaskData) ->
         raise SystemExit(f"--family {name}: unknown stage")
 
 
-def summary(cfg: Config, out_name: str) -> dict[str, Any]:
+def _ppo_block(
+    part_by_seed: dict[int, dict[str, Any]],
+    rules: dict[int, dict[str, Any]],
+    rt: dict[str, Any],
+    cfg: Config,
+) -> dict[str, Any]:
+    """One PPO variant: its training's last third and its final policy frozen on the
+    table's rounds, each minus the best fixed rule, the per-host oracle and static."""
+    last, window = last_third(cfg.run.rounds), table_window(cfg)
+    seeds = sorted(s for s in part_by_seed if s in rules)
+    others = {
+        "best_fixed": {s: episodes_of(rules[s], rt["best_fixed"]) for s in seeds},
+        "oracle": {s: oracle_episodes(rules[s], rt["best_per_member"]) for s in seeds},
+        "static": {s: episodes_of(rules[s], STATIC) for s in seeds},
+    }
+    out: dict[str, Any] = {"seeds": seeds, "last_third": [last.start, last.stop - 1]}
+    for key, rounds in (("ppo", last), ("frozen", window)):
+        ours = {s: episodes_of(part_by_seed[s], key) for s in seeds}
+        if not any(ours.values()):
+            continue
+        eps = [e for by in ours.values() for e in by.values() if e["round"] in rounds]
+        out[key] = {
+            "minus": {k: paired_rounds(ours, v, rounds) for k, v in others.items()},
+            "acc": mean_se([e["acc"] for e in eps])[0],
+            "reward": mean_se([e["reward"] for e in eps])[0],
+            "params": mean_se([float(e["params"]) for e in eps])[0],
+            "choices": choices(eps),
+            "gains": {
+                m: list(mean_se(v)) for m, v in _gains_vs(ours, others["static"], rounds).items()
+            },
+        }
+    train = {s: episodes_of(part_by_seed[s], "ppo") for s in seeds}
+    first = range(max(cfg.run.rounds // 3, 1))
+    out["choices_first_third"] = choices(
+        e for by in train.values() for e in by.values() if e["round"] in first
+    )
+    out["per_round"] = {
+        k: [statistics.fmean(round_means(by, k, range(r, r + 1))[r] for by in train.values())
+            for r in range(cfg.run.rounds)]
+        for k in ("acc", "reward")
+    }  # fmt: skip
+    updates = [u for s in seeds for u in part_by_seed[s]["runs"]["ppo"][0]["updates"]]
+    out["updates_last_third"] = {
+        k: mean_se([u[k] for u in updates if u["round"] in last])[0] for k in ("ev", "kl", "clip")
+    }
+    out["wall_minutes_per_seed"] = [part_by_seed[s]["runs"]["ppo"][0]["wall_s"] / 60 for s in seeds]
+    return out
+
+
+def _gains_vs(
+    ours: dict[int, dict[tuple[int, int], dict[str, Any]]],
+    base: dict[int, dict[tuple[int, int], dict[str, Any]]],
+    rounds: range,
+) -> dict[str, list[float]]:
+    """Per member: our episode's accuracy minus the static host's."""
+    out: dict[str, list[float]] = {}
+    for seed, eps in ours.items():
+        for key, e in eps.items():
+            if key[0] in rounds and key in base.get(seed, {}):
+                out.setdefault(e["host"], []).append(e["acc"] - base[seed][key]["acc"])
+    return out
+
+
+def _print_minus(title: str, minus: dict[str, Any]) -> None:
+    rows = [
+        [k, v["acc"]["mean"], v["acc"]["se"], v["reward"]["mean"], v["reward"]["se"], v["acc"]["n"]]
+        for k, v in minus.items()
+    ]
+    print_table(title, ["other", "acc pp", "s.e.", "reward", "s.e.", "n"], rows)
+
+
+def variants() -> list[str]:
+    """The PPO variants with stored parts (``ppo`` first)."""
+    names = {p.stem.rsplit("-s", 1)[0] for p in PARTS_DIR.glob("ppo*-s*.json")}
+    return sorted(names, key=lambda n: (n != "ppo", n))
+
+
+def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
     """Every table of the benchmark from the stored parts."""
-    rules, ppo, transfer = stored("rules"), stored("ppo"), stored("transfer")
+    rules, transfer = stored("rules"), stored("transfer")
     rt = chosen_rules(cfg)
     window = table_window(cfg)
     print_rules(rt)
-    result: dict[str, Any] = {"config": str(FAMILY_CONFIG.relative_to(REPO_ROOT)),
-                              "table_rounds": [window.start, window.stop - 1], "rules": rt,
-                              "margins": margins(rules, rt["best_per_member"], window)}  # fmt: skip
-    last = last_third(cfg.run.rounds)
-    if ppo:
-        ours = {s: episodes_of(p, "ppo") for s, p in ppo.items()}
-        vs = {
-            "best_fixed": {s: episodes_of(rules[s], rt["best_fixed"]) for s in ppo if s in rules},
-            "oracle": {
-                s: oracle_episodes(rules[s], rt["best_per_member"]) for s in ppo if s in rules
-            },
-            "static": {s: episodes_of(rules[s], STATIC) for s in ppo if s in rules},
-        }
-        result["ppo"] = {
-            "seeds": sorted(ppo),
-            "last_third": [last.start, last.stop - 1],
-            "minus": {k: paired_rounds(ours, v, last) for k, v in vs.items()},
-            "choices_last_third": choices(
-                e for eps in ours.values() for e in eps.values() if e["round"] in last
-            ),
-            "choices_first_third": choices(
-                e
-                for eps in ours.values()
-                for e in eps.values()
-                if e["round"] < max(cfg.run.rounds // 3, 1)
-            ),
-            "per_round": {
-                k: [
-                    statistics.fmean(
-                        round_means(eps, k, range(cfg.run.rounds))[r] for eps in ours.values()
-                    )
-                    for r in range(cfg.run.rounds)
-                ]
-                for k in ("acc", "reward")
-            },
-            "updates_last_third": {
-                k: mean_se(
-                    [
-                        u[k]
-                        for p in ppo.values()
-                        for u in p["runs"]["ppo"][0]["updates"]
-                        if u["round"] in last
-                    ]
-                )[0]
-                for k in ("ev", "kl", "clip")
-            },
-            "wall_minutes": sum(p["runs"]["ppo"][0]["wall_s"] for p in ppo.values()) / 60,
-        }
-        rows = [
-            [
-                k,
-                v["acc"]["mean"],
-                v["acc"]["se"],
-                v["reward"]["mean"],
-                v["reward"]["se"],
-                v["acc"]["n"],
-            ]
-            for k, v in result["ppo"]["minus"].items()
-        ]
-        print_table(
-            f"PPO minus, rounds {last.start}-{last.stop - 1}, paired (seed, round)",
-            ["other", "acc pp", "s.e.", "reward", "s.e.", "n"],
-            rows,
-        )
+    result: dict[str, Any] = {
+        "config": str(FAMILY_CONFIG.relative_to(REPO_ROOT)),
+        "table_rounds": [window.start, window.stop - 1],
+        "rules": rt,
+        "margins": margins({s: rules[s] for s in rt["seeds"]}, rt["best_per_member"], window),
+        "ppo": {},
+    }
+    for variant in variants():
+        block = _ppo_block(stored(variant), rules, rt, cfg)
+        block["overrides"] = next(iter(stored(variant).values())).get("overrides", {})
+        result["ppo"][variant] = block
+        for key, what in (("ppo", "training, last third"), ("frozen", "final policy frozen")):
+            if key in block:
+                rounds = block["last_third"] if key == "ppo" else result["table_rounds"]
+                _print_minus(
+                    f"{variant} ({what}, rounds {rounds[0]}-{rounds[1]}) minus", block[key]["minus"]
+                )
     if transfer:
         ours = {s: episodes_of(p, "ppo") for s, p in transfer.items()}
         names = sorted({n for p in transfer.values() for n in p["runs"]} - {"ppo"})
+        everything = range(10**6)
         result["transfer"] = {
             "seeds": sorted(transfer),
             "minus": {
                 n: paired_rounds(
-                    ours, {s: episodes_of(p, n) for s, p in transfer.items()}, range(10**6)
+                    ours, {s: episodes_of(p, n) for s, p in transfer.items()}, everything
                 )
                 for n in names
             },
             "gains": {
-                n: {m: list(mean_se(v)) for m, v in gains(transfer, n, range(10**6)).items()}
+                n: {m: list(mean_se(v)) for m, v in gains(transfer, n, everything).items()}
                 for n in ["ppo", *names]
                 if n != STATIC
             },
             "choices": choices(e for eps in ours.values() for e in eps.values()),
         }
-        rows = [
-            [
-                n,
-                v["acc"]["mean"],
-                v["acc"]["se"],
-                v["reward"]["mean"],
-                v["reward"]["se"],
-                v["acc"]["n"],
-            ]
-            for n, v in result["transfer"]["minus"].items()
-        ]
-        print_table(
-            "held-out members: frozen PPO minus",
-            ["other", "acc pp", "s.e.", "reward", "s.e.", "n"],
-            rows,
+        _print_minus("held-out members: frozen PPO minus", result["transfer"]["minus"])
+    result["wall_minutes_runs"] = (
+        sum(
+            run["wall_s"]
+            for stage_parts in [rules, transfer, *(stored(v) for v in variants())]
+            for p in stage_parts.values()
+            for runs in p["runs"].values()
+            for run in runs
         )
-    result["wall_minutes_runs"] = sum(
-        run["wall_s"] for st in (rules, ppo, transfer) for p in st.values()
-        for runs in p["runs"].values() for run in runs
-    ) / 60  # fmt: skip
+        / 60
+    )
     result["machine"] = machine_info()
-    write_results(RESULTS_DIR, out_name, result)
+    write_results(out, out_name, result)
     return result
 
 
-def main_family(args: argparse.Namespace) -> int:
-    """``learning.py --family STAGE [--seeds S,..] [--quick]``."""
-    global PARTS_DIR, CHECKPOINTS
+def main_family(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """``learning.py --family STAGE [--seeds S,..] [--variant NAME --set K=V] [--quick]``."""
+    global PARTS_DIR, CHECKPOINTS, TABLE_BLUEPRINTS
     if args.quick:  # a smoke test: its files never mix with the real ones
-        PARTS_DIR, CHECKPOINTS = (
-            args.out / "learning_family_quick",
-            CACHE_DIR / "learning_family_quick",
-        )
+        PARTS_DIR = args.out / "learning_family_quick"
+        CHECKPOINTS = PARTS_DIR / "checkpoints"
+        TABLE_BLUEPRINTS = ("conv_heavy",)
     cfg, holdout = configs(args.quick)
     if args.family == "summary":
-        summary(cfg, "learning_family_quick" if args.quick else (args.name or "learning_family"))
+        summary(
+            cfg,
+            args.out,
+            "learning_family_quick" if args.quick else (args.name or "learning_family"),
+        )
         return 0
+    variant = "ppo" if not args.variant else f"ppo-{args.variant}"
+    if (overrides or args.variant) and args.family != "ppo":
+        raise SystemExit("--set/--variant: only with --family ppo (a PPO variant)")
+    if overrides and not args.variant:
+        raise SystemExit("--set: name the variant (--variant NAME): its results are its own")
+    cfg = with_overrides(cfg, overrides)
     data = load_task(cfg.task, seed=0)
     for seed in args.seeds or ([0] if args.quick else list(SEEDS)):
-        stage(args.family, seed, cfg, holdout, data)
+        stage(args.family, seed, cfg, holdout, data, variant)
+        if overrides:
+            part = load_part(variant, seed)
+            part["overrides"] = overrides
+            save_part(variant, seed, part)
     return 0

@@ -253,6 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the host-family benchmark (configs/learning_family.toml), one stage "
         "(benchmarks/_family.py; --seeds picks the seeds)",
     )
+    parser.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="with --family ppo: a PPO variant (an ablation, with --set), stored apart",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default=None, help="results file name (default: learning)")
     parser.add_argument(
@@ -421,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family:
         from _family import main_family
 
-        return main_family(args)
+        return main_family(args, _overrides(args.set))
     if args.merge:
         return _merge(args)
     cfg = load_config(args.config)

@@ -170,6 +170,9 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     #: Mask PRUNE until a seed has started blending: before that no counterfactual has
     #: measured it, so pruning only throws its training away.
     prune_after_blending: bool = False
+    #: With a host family: the observation carries the host's descriptors (false: the
+    #: policy sees the same features as without a family; an ablation).
+    observe_host: bool = True
     #: Initial op-head logit bias per op (learned from there on); unnamed ops start at 0.
     op_prior: dict[OpName, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_OP_PRIOR))
     #: Host signals (observation features and the heuristic): plateau epochs and the
@@ -381,6 +384,11 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     governor: GovernorConfig = msgspec.field(default_factory=GovernorConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+
+    @property
+    def observes_host(self) -> bool:
+        """The observation carries host descriptors: a family, and not ablated."""
+        return self.family.enabled and self.policy.observe_host
 
     def fingerprint(self) -> str:
         """Stable hash of the behaviour-defining config (run id and output dir excluded)."""

@@ -182,7 +182,7 @@ class HostEnvs:
 
     def _hosts(self) -> list[HostDescriptor] | None:
         """The envs' host descriptors, observed with a host family (None without)."""
-        if not self.cfg.family.enabled:
+        if not self.cfg.observes_host:
             return None
         return [env.host for env in self.states if env.host is not None]
 

@@ -20,7 +20,7 @@ import msgspec
 from esper.config import Config, ConfigError, config_from_dict, with_overrides
 from esper.core.enums import PolicyKind, RunStatus
 from esper.data.tasks import TaskData, load_task
-from esper.errors import CheckpointError
+from esper.errors import CheckpointError, UserError
 from esper.policy.actions import ActionSpace
 from esper.telemetry.hub import Hub
 from esper.telemetry.paths import validate_run_id
@@ -40,7 +40,7 @@ from esper.training.run import (
 )
 from esper.training.trainer import ProgressFn, VectorizedTrainer
 
-#: The policy network's shape: taken from the checkpoint, whatever the config says.
+#: The policy network's shape and inputs: taken from the checkpoint, whatever the config says.
 NETWORK_KEYS = ("feature_dim", "lstm_hidden", "blueprint_embed_dim")
 
 
@@ -51,8 +51,14 @@ def evaluate(
     telemetry: Hub | None = None,
     data: TaskData | None = None,
     progress: ProgressFn | None = None,
+    first_round: int = 0,
 ) -> TrainResult:
-    """Run ``config.run.rounds`` rounds with the checkpoint's policy frozen."""
+    """Run ``config.run.rounds`` rounds with the checkpoint's policy frozen (from round
+    ``first_round``: the hosts of those rounds, e.g. those a rules table measured)."""
+    if not 0 <= first_round < config.run.rounds:
+        raise UserError(
+            f"first_round {first_round}: must be below run.rounds ({config.run.rounds})"
+        )
     path = Path(checkpoint)
     state = read_checkpoint(path)
     trained = _trained_config(state, path)
@@ -84,11 +90,11 @@ def evaluate(
         trainer = VectorizedTrainer(
             cfg, recorder=recorder, task=data, learner=learner, progress=progress
         )
-        recorder.run_started(cfg, learner, parent, 0, eval_checkpoint=str(path))
+        recorder.run_started(cfg, learner, parent, first_round, eval_checkpoint=str(path))
     except BaseException as exc:
         hub.close(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
         raise
-    return run_rounds(cfg, trainer, None, 0, getattr(hub, "run_dir", None))
+    return run_rounds(cfg, trainer, None, first_round, getattr(hub, "run_dir", None))
 
 
 def _trained_config(state: dict[str, Any], path: Path) -> Config:
@@ -113,15 +119,16 @@ def _trained_config(state: dict[str, Any], path: Path) -> Config:
 def _evaluation_config(config: Config, trained: Config, path: Path) -> Config:
     """The caller's config with the trained network's shape; a PPO policy, no
     checkpoints. The observation must match: both with a host family or both without."""
-    if config.family.enabled != trained.family.enabled:
-        has = "has" if trained.family.enabled else "has no"
+    ours = with_overrides(config, {"policy.observe_host": trained.policy.observe_host})
+    if ours.observes_host != trained.observes_host:
+        has = "has" if trained.observes_host else "has no"
         raise ConfigError(
             f"$.family.members: {path} was trained with a policy that {has} host descriptors "
             "in its observation (a host family); evaluate it on a config that "
             f"{has} [[family.members]] too"
         )
     overrides: dict[str, Any] = {
-        f"policy.{key}": getattr(trained.policy, key) for key in NETWORK_KEYS
+        f"policy.{key}": getattr(trained.policy, key) for key in (*NETWORK_KEYS, "observe_host")
     }
     overrides["policy.kind"] = PolicyKind.PPO.value
     overrides["run.checkpoint_every"] = 0

@@ -107,7 +107,7 @@ class Learner:
         #: Evaluation: the most likely valid action, nothing updated.
         self.frozen = frozen
         self.learning = cfg.policy.kind == PolicyKind.PPO and not frozen
-        dim = obs_dim(space.n_slots, host_features=cfg.family.enabled)
+        dim = obs_dim(space.n_slots, host_features=cfg.observes_host)
         self.obs_norm = RunningMeanStd((dim,), device=self.device)
         self.reward_norm = RewardNormalizer(gamma=cfg.ppo.gamma, clip=cfg.reward.normalize_clip)
         self.value_norm = ValueNormalizer(device=self.device)  # with the values it scales

@@ -43,7 +43,7 @@ def build_policy(cfg: Config, space: ActionSpace) -> Policy:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.run.seed + POLICY_INIT_SEED_OFFSET)
         net = FactoredActorCritic(
-            obs_dim(space.n_slots, host_features=cfg.family.enabled),
+            obs_dim(space.n_slots, host_features=cfg.observes_host),
             space,
             feature_dim=cfg.policy.feature_dim,
             lstm_hidden=cfg.policy.lstm_hidden,

@@ -1,0 +1,50 @@
+"""``benchmarks/learning.py --family`` cannot rot: every stage runs end to end at quick
+sizes (the rules table on one blueprint), and the summary pairs PPO, the frozen policy
+and the transfer with the rules by (seed, round)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "learning.py"
+STAGES = ("rules", "ppo", "pair", "transfer", "summary")
+
+
+def _stage(out: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out), "--family", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_every_family_stage_runs_and_the_summary_pairs_them(tmp_path: Path) -> None:
+    for name in STAGES:
+        proc = _stage(tmp_path, name)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = _stage(tmp_path, "rules")  # stored work is skipped, not redone
+    assert again.returncode == 0 and "rules conv_heavy" not in again.stdout
+    data: dict[str, Any] = json.loads((tmp_path / "learning_family_quick.json").read_text())
+    rules = data["rules"]
+    assert set(rules["members"]) == {"w2-4-8", "w3-6-12", "w8-4-64", "w16-4-64"}
+    assert set(rules["table"]) == {"conv_heavy@r0c0", "conv_heavy@r0c1", "conv_heavy@r0c2"}
+    assert rules["best_fixed"] in [*rules["table"], "static"]
+    main = data["ppo"]["ppo"]
+    for key in ("ppo", "frozen"):
+        for other in ("best_fixed", "oracle", "static"):
+            assert math.isfinite(main[key]["minus"][other]["acc"]["mean"])
+    assert set(data["transfer"]["choices"]) == {"w4-8-16", "w12-4-48"}
+    refused = _stage(tmp_path, "rules", "--set", "ppo.lr=0.001")
+    assert refused.returncode != 0 and "only with --family ppo" in refused.stderr
