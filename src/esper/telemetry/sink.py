@@ -187,14 +187,11 @@ def read_verified(path: Path, schema: pa.Schema | None = None) -> Iterator[pa.Ta
 SYNCED_LEVELS: Final = 2
 
 
-def fsync_files(paths: Iterable[Path]) -> None:
-    """fsync each file that still exists, then the directories holding them; a directory
-    in ``paths`` (a new one) is fsynced with the :data:`SYNCED_LEVELS` above it."""
-    directories: set[Path] = set()
-    for path in paths:
-        if path.is_dir():
-            directories.update((path, *path.parents[:SYNCED_LEVELS]))
-            continue
+def fsync_files(files: Iterable[Path], new_dirs: Iterable[Path] = ()) -> None:
+    """fsync each file that still exists, then the directories holding them and each
+    new directory with the :data:`SYNCED_LEVELS` above it (their entries)."""
+    directories: dict[Path, None] = {}
+    for path in files:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # merged away since it was written
@@ -203,7 +200,9 @@ def fsync_files(paths: Iterable[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        directories.add(path.parent)
+        directories[path.parent] = None
+    for new in new_dirs:
+        directories.update(dict.fromkeys((new, *new.parents[:SYNCED_LEVELS])))
     for directory in directories:
         fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
         try:
