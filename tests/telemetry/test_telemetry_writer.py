@@ -16,7 +16,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _telemetry_support import all_seqs, minimal_event, read_type, wait_for
+from _telemetry_support import (
+    SyncRecordingSink,
+    all_seqs,
+    live_files,
+    minimal_event,
+    read_type,
+    wait_for,
+)
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
@@ -297,6 +304,27 @@ def test_a_crash_before_a_checkpoint_flush_deletes_what_it_took_in_loses_nothing
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
     with pytest.raises(TelemetryWriteError):
         hub.close()
+
+
+def test_an_explicit_flush_leaves_every_file_fsynced_with_the_manifest(tmp_path: Path) -> None:
+    """The fsync policy: when ``flush`` (the trainer's, before a checkpoint) returns,
+    every live file of the run, the new directories and the manifest were fsynced,
+    whichever writes (timed, drains of a full buffer, merges) made them; so after the
+    close."""
+    sink = SyncRecordingSink()
+    hub = open_run(tmp_path, "durable", level=TelemetryLevel.NORMAL, queue_capacity=3, sink=sink)
+    assert hub.run_dir is not None
+    for i in range(MERGE_FANIN * 2):  # level-0 parts and a merge of each type
+        hub.emit(_step(i))
+        hub.emit(minimal_event(ev.ActionTaken, step=i))
+        if i % 5 == 4:
+            hub.flush()
+            assert live_files(hub.run_dir) <= sink.synced
+            assert manifest_path(hub.run_dir, 0) in sink.synced
+            assert type_rank_dir(hub.run_dir, "action_taken", 0) in sink.synced
+    assert hub.manifest_counters.compactions > 0
+    hub.close()
+    assert live_files(hub.run_dir) <= sink.synced
 
 
 class ScribblingSink(ParquetSink):

@@ -16,9 +16,10 @@ statistics on the envelope, row groups of :data:`ROW_GROUP_ROWS`.
 
 fsync. Renaming a closed file into place makes it survive a ``kill -9`` of the process
 (the kernel has its bytes); surviving a power loss needs an fsync, which the writer
-does at each explicit flush (the trainer's checkpoints) and at the close
-(:func:`fsync_files`), so a checkpoint never points past events that are durable on
-the disk, and a closed run is durable as a whole.
+does at each explicit flush (the trainer's checkpoints), at the close and after a
+resume's cut and merge (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
+never points past events that are durable on the disk, and a closed run is durable as
+a whole.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class PartSink(Protocol):
         """Delete a file a merge has superseded."""
         ...
 
+    def sync(self, files: Iterable[Path], new_dirs: Iterable[Path]) -> None:
+        """Make ``files`` (and the entries of ``new_dirs``) durable: see :func:`fsync_files`."""
+        ...
+
 
 class ParquetSink:
     """Atomic Parquet files (tmp + ``os.replace``)."""
@@ -147,6 +152,9 @@ class ParquetSink:
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
+
+    def sync(self, files: Iterable[Path], new_dirs: Iterable[Path]) -> None:
+        fsync_files(files, new_dirs)
 
 
 def _create(path: Path) -> int:

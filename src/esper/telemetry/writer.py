@@ -13,7 +13,7 @@ idle writer writes nothing else.
 
 fsync. An explicit :meth:`EventWriter.flush` (the trainer's, before each checkpoint)
 writes at once and fsyncs what was written since the last one, with the directories
-that gained entries and the manifest (:func:`esper.telemetry.sink.fsync_files`), so a
+that gained entries and the manifest (:meth:`~esper.telemetry.sink.PartSink.sync`), so a
 checkpoint never points past events durable on disk; so does the close. In between
 nothing is fsynced: a ``kill -9`` loses nothing the kernel has, and a power loss can
 lose what came after the last checkpoint, which the resume cuts anyway. An fsynced
@@ -61,7 +61,7 @@ from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
 from esper.telemetry.liveness import live_parts
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import manifest_path, part_name, type_rank_dir
-from esper.telemetry.sink import PartSink, fsync_files, read_verified
+from esper.telemetry.sink import PartSink, read_verified
 
 #: The writer wakes this much before a flush interval has passed since its last wake
 #: (at most :data:`MAX_MARGIN_FRACTION` of the interval), so a write that takes up to
@@ -343,7 +343,7 @@ class EventWriter:
     def _fsync(self) -> None:
         """Make every file written since the last call durable, with the manifest."""
         self._unsynced[self._manifest_path] = None
-        fsync_files(self._unsynced, self._new_dirs)
+        self.sink.sync(self._unsynced, self._new_dirs)
         self._unsynced = {}
         self._new_dirs = []
 
