@@ -9,11 +9,15 @@ normal <= 0.5 % of the process's.
 
     python benchmarks/telemetry_overhead.py
     python benchmarks/telemetry_overhead.py --task synthetic --n-envs 4 --repeats 7
+
+Runs write their telemetry under the system temp directory (``$TMPDIR``, recorded in
+the JSON): what a file's creation and an fsync cost depends on that file system.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": T.describe(configs["off"]),
             "repeats": args.repeats,
             "quick": args.quick,
+            "telemetry_dir": tempfile.gettempdir(),
             "targets": {"cpu_ratio_to_off": CPU_TARGETS, "writer_cpu_share": WRITER_SHARE_TARGET},
             "levels": per_level,
         },

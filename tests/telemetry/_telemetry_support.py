@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from esper.telemetry import events as ev
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
 from esper.telemetry.liveness import live_parts
+from esper.telemetry.sink import ParquetSink
 
 INT_BOUND = 2**62
 #: Periodic flushes this fast let a test see several parts within a second.
@@ -156,3 +158,24 @@ def wait_for(predicate: Callable[[], object], what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+class SyncRecordingSink(ParquetSink):
+    """The Parquet sink, recording every path it was asked to make durable."""
+
+    def __init__(self) -> None:
+        self.synced: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def sync(self, files: Iterable[Path], new_dirs: Iterable[Path]) -> None:
+        files, new_dirs = list(files), list(new_dirs)
+        super().sync(files, new_dirs)
+        with self._lock:
+            self.synced.update(files, new_dirs)
+
+
+def live_files(run_dir: Path) -> set[Path]:
+    """Every live part file of a run (all types and ranks)."""
+    return {
+        p.path for rank_dir in run_dir.glob("events/type=*/rank=*") for p in live_parts(rank_dir)
+    }

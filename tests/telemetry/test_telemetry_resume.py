@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _telemetry_support import all_seqs, minimal_event, read_type
+from _telemetry_support import SyncRecordingSink, all_seqs, live_files, minimal_event, read_type
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
@@ -65,6 +65,28 @@ def test_resume_truncates_the_old_tail_and_continues(tmp_path: Path) -> None:
     (resume,) = manifest.resumes
     assert resume.start_seq == 80 and resume.events_truncated == 21
     assert resume.config_hash == "def"
+
+
+def test_resume_fsyncs_the_files_it_cut_and_merged(tmp_path: Path) -> None:
+    """The checkpoint a run resumes from points into the files the resume rewrote:
+    they are durable before the new session writes anything."""
+    hub = open_run(tmp_path, "res-sync", level=TelemetryLevel.NORMAL)
+    for i in range(30):
+        hub.emit(_step(i))
+        hub.emit(minimal_event(ev.ActionTaken, step=i))
+        if i % 10 == 9:
+            hub.flush()
+    hub.close()
+    assert hub.run_dir is not None
+    sink = SyncRecordingSink()
+    with open_run(
+        tmp_path, "res-sync", level=TelemetryLevel.NORMAL, resume=True, start_seq=25, sink=sink
+    ) as hub2:
+        assert len(live_files(hub.run_dir)) == 2  # env_step and action_taken, cut
+        assert live_files(hub.run_dir) <= sink.synced
+        assert manifest_path(hub.run_dir, 0) in sink.synced
+        hub2.emit(_step(0))
+    assert [r["seq"] for r in read_type(hub.run_dir, "env_step")][-1] == 25
 
 
 def test_resume_leaves_other_ranks_in_flight_parts_alone(tmp_path: Path) -> None:

@@ -16,7 +16,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _telemetry_support import all_seqs, minimal_event, read_type
+from _telemetry_support import (
+    SyncRecordingSink,
+    all_seqs,
+    live_files,
+    minimal_event,
+    read_type,
+    wait_for,
+)
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
@@ -241,6 +248,83 @@ def test_a_crash_between_a_merge_and_its_deletes_duplicates_nothing(tmp_path: Pa
     assert superseded(parts) == {p.path for p in parts} - {merged.path}
     assert [p.path for p in live_parts(directory)] == [merged.path]
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
+
+
+def _ranges(directory: Path) -> list[tuple[int | None, int | None]]:
+    return [(p.first, p.last) for p in list_parts(directory)]
+
+
+def test_a_checkpoint_flush_takes_in_the_parts_written_since_the_last_fsync(
+    tmp_path: Path,
+) -> None:
+    """An fsynced flush writes one part per type covering the unsynced parts too (one
+    file to fsync, not one per write), deletes them, and leaves fsynced parts alone.
+    With a capacity of 2 the third emit makes the writer drain the first two (a write
+    without fsync, written after that emit returns); no timed flush happens within the
+    60 s interval."""
+    hub = open_run(
+        tmp_path, "ckpt", level=TelemetryLevel.NORMAL, flush_interval_s=60.0, queue_capacity=2
+    )
+    assert hub.run_dir is not None
+    directory = type_rank_dir(hub.run_dir, "env_step", 0)
+    for i in range(3):
+        hub.emit(_step(i))
+    wait_for(lambda: _ranges(directory) == [(0, 1)], "the drain's part (not fsynced)")
+    hub.flush()
+    assert _ranges(directory) == [(0, 2)]
+    for i in range(3, 6):
+        hub.emit(_step(i))
+    hub.flush()
+    assert _ranges(directory) == [(0, 2), (3, 5)]
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(6))
+    assert read_manifest(manifest_path(hub.run_dir, 0)).counts["env_step"] == 6
+    hub.close()
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(6))
+
+
+def test_a_crash_before_a_checkpoint_flush_deletes_what_it_took_in_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    hub = open_run(
+        tmp_path,
+        "ckpt-crash",
+        level=TelemetryLevel.NORMAL,
+        flush_interval_s=60.0,
+        queue_capacity=2,
+        sink=CrashBeforeDeleteSink(),
+    )
+    assert hub.run_dir is not None
+    for i in range(3):
+        hub.emit(_step(i))
+    with pytest.raises(TelemetryWriteError, match="simulated crash"):
+        hub.flush()
+    directory = type_rank_dir(hub.run_dir, "env_step", 0)
+    assert _ranges(directory) == [(0, 1), (0, 2)]
+    assert [(p.first, p.last) for p in live_parts(directory)] == [(0, 2)]
+    assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
+    with pytest.raises(TelemetryWriteError):
+        hub.close()
+
+
+def test_an_explicit_flush_leaves_every_file_fsynced_with_the_manifest(tmp_path: Path) -> None:
+    """The fsync policy: when ``flush`` (the trainer's, before a checkpoint) returns,
+    every live file of the run, the new directories and the manifest were fsynced,
+    whichever writes (timed, drains of a full buffer, merges) made them; so after the
+    close."""
+    sink = SyncRecordingSink()
+    hub = open_run(tmp_path, "durable", level=TelemetryLevel.NORMAL, queue_capacity=3, sink=sink)
+    assert hub.run_dir is not None
+    for i in range(MERGE_FANIN * 2):  # level-0 parts and a merge of each type
+        hub.emit(_step(i))
+        hub.emit(minimal_event(ev.ActionTaken, step=i))
+        if i % 5 == 4:
+            hub.flush()
+            assert live_files(hub.run_dir) <= sink.synced
+            assert manifest_path(hub.run_dir, 0) in sink.synced
+            assert type_rank_dir(hub.run_dir, "action_taken", 0) in sink.synced
+    assert hub.manifest_counters.compactions > 0
+    hub.close()
+    assert live_files(hub.run_dir) <= sink.synced
 
 
 class ScribblingSink(ParquetSink):

@@ -41,7 +41,7 @@ from esper.telemetry.paths import (
     part_name,
     type_rank_dir,
 )
-from esper.telemetry.sink import PartSink, fsync_files, read_verified
+from esper.telemetry.sink import PartSink, read_verified
 
 
 def check_new_run_dir(
@@ -186,9 +186,11 @@ def prepare_resume(
     write_manifest(path, manifest)
     truncated = 0
     counts: dict[str, int] = {}
+    kept: list[Path] = []
     for tag in EVENT_TYPES:
-        cut, rows = _resume_type(type_rank_dir(run_dir, tag, rank), tag, start_seq, sink)
+        cut, rows, files = _resume_type(type_rank_dir(run_dir, tag, rank), tag, start_seq, sink)
         truncated += cut
+        kept += files
         if rows:
             counts[tag] = rows
     manifest.counts = counts
@@ -207,13 +209,15 @@ def prepare_resume(
     manifest.flush_interval_s = flush_interval_s
     manifest.last_seq = start_seq - 1
     write_manifest(path, manifest)
-    fsync_files([path])
+    sink.sync([*kept, path], ())  # the checkpoint resumed from points into these files
     return manifest
 
 
-def _resume_type(directory: Path, tag: str, start_seq: int, sink: PartSink) -> tuple[int, int]:
+def _resume_type(
+    directory: Path, tag: str, start_seq: int, sink: PartSink
+) -> tuple[int, int, list[Path]]:
     """One type of one rank: drop leftovers, cut at ``start_seq``, merge into one file.
-    Returns (events cut, events kept)."""
+    Returns (events cut, events kept, the files that keep them)."""
     if directory.is_dir():
         for stale in directory.glob(f"{TMP_PREFIX}*{TMP_SUFFIX}"):  # a killed write's
             stale.unlink(missing_ok=True)
@@ -250,7 +254,7 @@ def _resume_type(directory: Path, tag: str, start_seq: int, sink: PartSink) -> t
             if part.path != output:
                 sink.remove(part.path)
         kept = [Part(output, first, last)]
-    return cut, sum(pq.read_metadata(p.path).num_rows for p in kept)
+    return cut, sum(pq.read_metadata(p.path).num_rows for p in kept), [p.path for p in kept]
 
 
 def _is_merged(path: Path) -> bool:

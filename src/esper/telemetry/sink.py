@@ -16,9 +16,10 @@ statistics on the envelope, row groups of :data:`ROW_GROUP_ROWS`.
 
 fsync. Renaming a closed file into place makes it survive a ``kill -9`` of the process
 (the kernel has its bytes); surviving a power loss needs an fsync, which the writer
-does at each explicit flush (the trainer's checkpoints) and at the close
-(:func:`fsync_files`), so a checkpoint never points past events that are durable on
-the disk, and a closed run is durable as a whole.
+does at each explicit flush (the trainer's checkpoints), at the close and after a
+resume's cut and merge (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
+never points past events that are durable on the disk, and a closed run is durable as
+a whole.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class PartSink(Protocol):
         """Delete a file a merge has superseded."""
         ...
 
+    def sync(self, files: Iterable[Path], new_dirs: Iterable[Path]) -> None:
+        """Make ``files`` (and the entries of ``new_dirs``) durable: see :func:`fsync_files`."""
+        ...
+
 
 class ParquetSink:
     """Atomic Parquet files (tmp + ``os.replace``)."""
@@ -148,6 +153,9 @@ class ParquetSink:
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
+    def sync(self, files: Iterable[Path], new_dirs: Iterable[Path]) -> None:
+        fsync_files(files, new_dirs)
+
 
 def _create(path: Path) -> int:
     """``path`` created for writing; its directory is made on first use only."""
@@ -187,14 +195,11 @@ def read_verified(path: Path, schema: pa.Schema | None = None) -> Iterator[pa.Ta
 SYNCED_LEVELS: Final = 2
 
 
-def fsync_files(paths: Iterable[Path]) -> None:
-    """fsync each file that still exists, then the directories holding them; a directory
-    in ``paths`` (a new one) is fsynced with the :data:`SYNCED_LEVELS` above it."""
-    directories: set[Path] = set()
-    for path in paths:
-        if path.is_dir():
-            directories.update((path, *path.parents[:SYNCED_LEVELS]))
-            continue
+def fsync_files(files: Iterable[Path], new_dirs: Iterable[Path] = ()) -> None:
+    """fsync each file that still exists, then the directories holding them and each
+    new directory with the :data:`SYNCED_LEVELS` above it (their entries)."""
+    directories: dict[Path, None] = {}
+    for path in files:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # merged away since it was written
@@ -203,7 +208,9 @@ def fsync_files(paths: Iterable[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        directories.add(path.parent)
+        directories[path.parent] = None
+    for new in new_dirs:
+        directories.update(dict.fromkeys((new, *new.parents[:SYNCED_LEVELS])))
     for directory in directories:
         fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
         try:

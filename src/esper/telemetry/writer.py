@@ -7,12 +7,18 @@ the events buffered so far and writes them, one part per event type
 tmp name and renamed into place). Every event emitted more than one interval ago is
 therefore in a closed file that any Parquet reader sees: a ``kill -9`` loses at most
 the last interval. The manifest (counts, ``last_seq``, heartbeat) is rewritten every
-:data:`MANIFEST_EVERY_S`, and at each flush and the close; readers expect parts to hold
-events newer than the manifest's ``last_seq`` in a run that did not close. An idle
-writer writes nothing else. An explicit :meth:`EventWriter.flush` (the trainer's,
-before each checkpoint) writes at once and fsyncs what was written since the last one
-(:func:`esper.telemetry.sink.fsync_files`), so a checkpoint never points past events
-durable on disk.
+:data:`MANIFEST_EVERY_S`, and at each explicit flush and the close; readers expect parts
+to hold events newer than the manifest's ``last_seq`` in a run that did not close. An
+idle writer writes nothing else.
+
+fsync. An explicit :meth:`EventWriter.flush` (the trainer's, before each checkpoint)
+writes at once and fsyncs what was written since the last one, with the directories
+that gained entries and the manifest (:meth:`~esper.telemetry.sink.PartSink.sync`), so a
+checkpoint never points past events durable on disk; so does the close. In between
+nothing is fsynced: a ``kill -9`` loses nothing the kernel has, and a power loss can
+lose what came after the last checkpoint, which the resume cuts anyway. An fsynced
+write takes each type's parts written since the last fsync into its own part (one file
+to fsync per type, not one per write) and deletes them once it is in place.
 
 Bounded file count. A flush's parts are merged as the run goes, like a counter
 with :data:`MERGE_FANIN` digits: once a type has that many files of one level, they
@@ -55,7 +61,7 @@ from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
 from esper.telemetry.liveness import live_parts
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import manifest_path, part_name, type_rank_dir
-from esper.telemetry.sink import PartSink, fsync_files, read_verified
+from esper.telemetry.sink import PartSink, read_verified
 
 #: The writer wakes this much before a flush interval has passed since its last wake
 #: (at most :data:`MAX_MARGIN_FRACTION` of the interval), so a write that takes up to
@@ -154,14 +160,17 @@ class EventWriter:
         self._manifest_path = manifest_path(run_dir, self.rank)
         self._io_path = self._manifest_path
         self._saved_at = 0.0
+        self._dirs = {tag: type_rank_dir(run_dir, tag, self.rank) for tag in EVENT_TYPES}
         self._files: dict[str, list[_File]] = {tag: self._existing(tag) for tag in EVENT_TYPES}
-        self._unsynced: list[Path] = []
+        #: Files written since the last fsync (an ordered set), and directories created.
+        self._unsynced: dict[Path, None] = {}
+        self._new_dirs: list[Path] = []
         self._thread = threading.Thread(
             target=self._run, name=f"esper-telemetry-{manifest.run_id}", daemon=True
         )
 
     def _existing(self, tag: str) -> list[_File]:
-        parts = live_parts(type_rank_dir(self.run_dir, tag, self.rank))
+        parts = live_parts(self._dirs[tag])
         return [
             _File(p.path, p.first, p.last, KEPT_LEVEL)
             for p in parts
@@ -231,7 +240,7 @@ class EventWriter:
         self.manifest.finished_ns = time.time_ns()
         try:
             self.save_manifest()
-            fsync_files([*self._unsynced, self._manifest_path])
+            self._fsync()
         except Exception as exc:
             if self.error is None:
                 self._fail(exc)
@@ -260,12 +269,11 @@ class EventWriter:
             deadline = time.monotonic() + period
             cpu_start = time.thread_time_ns()
             try:
-                self._write_batch(batch)
+                self._write_batch(batch, sync=sync)
                 if sync or time.monotonic() - self._saved_at >= MANIFEST_EVERY_S:
                     self.save_manifest()
                 if sync:
-                    fsync_files([*self._unsynced, self._manifest_path])
-                    self._unsynced = []
+                    self._fsync()
                 self.counters.cpu_ns += time.thread_time_ns() - cpu_start
             except BaseException as exc:
                 self._fail(exc)
@@ -282,9 +290,14 @@ class EventWriter:
         del self.buffer[: len(batch)]
         return batch
 
-    def _write_batch(self, batch: list[Event]) -> None:
+    def _write_batch(self, batch: list[Event], *, sync: bool) -> None:
         """One part per event type of ``batch`` (in ``seq`` order), then due merges. The
-        manifest counts each type's events once its part is in place."""
+        manifest counts each type's events once its part is in place.
+
+        A ``sync`` batch (one that is fsynced next) takes into its part the type's
+        parts written since the last fsync: one file to fsync per type instead of one
+        per flush. They are deleted once it is in place (the superseded-part rule
+        settles a crash in between)."""
         if not batch:
             return
         groups: dict[type[Event], list[Event]] = {}
@@ -292,22 +305,47 @@ class EventWriter:
             groups.setdefault(type(event), []).append(event)
         for cls, events in groups.items():
             tag = event_tag(cls)
+            files = self._files[tag]
             table = events_to_table(cls, events)
             first, last = events[0].seq, events[-1].seq
-            path = type_rank_dir(self.run_dir, tag, self.rank) / part_name(first, last)
+            tail = self._unsynced_tail(files) if sync else []
+            if tail:
+                table = pa.concat_tables([*(f.table for f in tail if f.table is not None), table])
+                first = tail[0].first
+            path = self._dirs[tag] / part_name(first, last)
             self._io_path = path
             self.counters.bytes_written += self.sink.write_part(table, path)
-            self._unsynced.append(path)
+            self._unsynced[path] = None
             self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
-            files = self._files[tag]
             if not files:  # a new type directory: its entry must be made durable too
-                self._unsynced.append(path.parent)
-            files.append(_File(path, first, last, 0, table))
+                self._new_dirs.append(path.parent)
+            self._remove(tail)
+            files[len(files) - len(tail) :] = [_File(path, first, last, 0, table)]
             while (start := merge_start([f.level for f in files])) is not None:
                 self._merge(tag, files, start)
         self.manifest.last_seq = batch[-1].seq
         self.counters.events_written += len(batch)
         self.counters.flushes += 1
+
+    def _unsynced_tail(self, files: list[_File]) -> list[_File]:
+        """The last files of a type that are parts written since the last fsync."""
+        start = len(files)
+        while start and _held(files[start - 1]) and files[start - 1].path in self._unsynced:
+            start -= 1
+        return files[start:]
+
+    def _remove(self, files: list[_File]) -> None:
+        for f in files:
+            self._io_path = f.path
+            self.sink.remove(f.path)
+            self._unsynced.pop(f.path, None)
+
+    def _fsync(self) -> None:
+        """Make every file written since the last call durable, with the manifest."""
+        self._unsynced[self._manifest_path] = None
+        self.sink.sync(self._unsynced, self._new_dirs)
+        self._unsynced = {}
+        self._new_dirs = []
 
     def _merge(self, tag: str, files: list[_File], start: int) -> None:
         """Merge ``files[start:]`` into one file of the next level, in place."""
@@ -325,11 +363,8 @@ class EventWriter:
             _tables(inputs, schema), schema, output
         )
         self.counters.compactions += 1
-        self._unsynced.append(output)
-        for f in inputs:
-            if f.path != output:
-                self._io_path = f.path
-                self.sink.remove(f.path)
+        self._remove([f for f in inputs if f.path != output])
+        self._unsynced[output] = None
         return _File(output, inputs[0].first, inputs[-1].last, level)
 
     def _merge_all(self) -> None:
@@ -383,6 +418,10 @@ class EventWriter:
                 self.error = error
             self._room.notify_all()
             self._flushed.notify_all()
+
+
+def _held(f: _File) -> bool:
+    return f.table is not None
 
 
 def _tables(inputs: list[_File], schema: pa.Schema) -> Iterator[pa.Table]:

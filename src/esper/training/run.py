@@ -587,8 +587,10 @@ class _Saver:
             raise
         self.pending = None
         self.ledger.path, self.ledger.next_round = self.path, end.next_round
-        if flush_error is not None:
-            raise flush_error
-        self.recorder.checkpoint_saved(
-            str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
-        )
+        try:  # the checkpoint exists: its event too, even when the flush was interrupted
+            self.recorder.checkpoint_saved(
+                str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
+            )
+        finally:
+            if flush_error is not None:
+                raise flush_error  # the cause (Ctrl-C, a dead writer) wins over the emit's
