@@ -31,7 +31,7 @@ PIPE_WIDTH: Final = 100
 #: Identifier columns: when they lead a table that must be split, every part repeats them.
 KEY_COLUMNS: Final = frozenset(
     {"run_id", "run", "id", "rank", "round", "env", "step", "type", "component", "op", "head"}
-    | {"blueprint", "slot", "seed_id", "metric", "dimension", "key"}
+    | {"blueprint", "slot", "seed_id", "metric", "dimension", "key", "host", "phase"}
 )
 #: Columns read together: a split never separates those of a table (the group goes
 #: where its first column is).

@@ -3,6 +3,7 @@ policy observes of them, what the telemetry records, and the config checks."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import polars as pl
 import pytest
 import torch
 from esper_analysis import load_run
+from esper_analysis.cli import main as analysis_main
 from esper_analysis.hosts import host_choices
 
 from esper.config import Config, ConfigError, config_from_dict, load_config, with_overrides
@@ -154,6 +156,27 @@ def test_the_hosts_analysis_groups_growth_by_member(tmp_path: Path) -> None:
     late = result.choices.filter(pl.col("phase") == "last third")
     assert late.height > 0 and set(late["slot"]) == {"r0c0"}  # eager: the first free slot
     assert late["mean_step"].to_list() == [0.0] * late.height
+
+
+def test_the_hosts_tables_repeat_their_keys_when_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = family_config(
+        **{"telemetry.dir": str(tmp_path), "run.run_id": "eager", "policy.kind": "eager",
+           "telemetry.level": "lifecycle"}
+    )  # fmt: skip
+    train(cfg)
+    monkeypatch.setenv("COLUMNS", "60")  # a pipe (StringIO) of 60 columns: tables split
+    out, err = io.StringIO(), io.StringIO()
+    assert analysis_main(["hosts", str(tmp_path / "eager")], stdout=out, stderr=err) == 0
+    headers = [
+        [c.strip() for c in line.strip("┃").split("┃")]
+        for line in out.getvalue().splitlines()
+        if line.startswith("┃")
+    ]
+    assert len(headers) > 2  # both tables split
+    for names in headers:
+        assert names[0] == "host" or names[:4] == ["phase", "host", "slot", "blueprint"], names
 
 
 def test_members_must_share_the_action_spaces_slots() -> None:
