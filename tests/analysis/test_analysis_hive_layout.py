@@ -36,7 +36,7 @@ def _as_version_1(source: Path, target: Path) -> Path:
 
 
 def test_new_runs_are_hive_partitioned_on_type_and_rank(scripted_run: Path) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     dirs = sorted(p.name for p in (scripted_run / "events").iterdir())
     assert dirs and all(d.startswith("type=") for d in dirs)
     # the README's polars one-liner: `type` comes from the path
@@ -112,5 +112,5 @@ def test_resuming_cuts_the_tail_and_counts_by_event_type(
 
 def test_continuing_a_version_1_run_is_refused_clearly(scripted_run: Path, tmp_path: Path) -> None:
     old = _killed(_as_version_1(scripted_run, tmp_path / "root" / "scripted"))
-    with pytest.raises(UserError, match="schema v1, this build writes v3"):
+    with pytest.raises(UserError, match=f"schema v1, this build writes v{SCHEMA_VERSION}"):
         open_run(old.parent, "scripted", level=TelemetryLevel.NORMAL, resume=True, start_seq=5)
