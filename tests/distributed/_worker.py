@@ -8,8 +8,8 @@ only. Exits 0 on success and 1 on a failed run, like ``esper train``.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
+from typing import Any
 
 from esper.config import Config, with_overrides
 from esper.data.tasks import load_task
@@ -49,8 +49,14 @@ def main() -> int:
     rank = collective.rank if collective is not None else 0
     data = load_task(cfg.task, seed=cfg.run.seed)
     policy = build_policy(cfg, action_space_for(cfg, data))
-    # Greedy decisions: the same observations give the same actions on any batch split.
-    policy.act = functools.partial(policy.act, deterministic=True)  # type: ignore[method-assign]
+    # Greedy decisions: the same observations give the same actions on any batch split
+    # (forced: the Learner passes ``deterministic`` itself, False unless evaluating).
+    act = policy.act
+
+    def greedy(*args: Any, **kwargs: Any) -> Any:
+        return act(*args, **{**kwargs, "deterministic": True})
+
+    policy.act = greedy  # type: ignore[method-assign]
     faults = None
     if rank == args.fail_rank:
         faults = FaultPlan([parse_fault(f"data_error:round={args.rounds - 1},step=1")])
