@@ -9,9 +9,10 @@ stages that each write their results as they go (a stage run again skips what is
 * ``ppo``: PPO trained for ``run.rounds`` rounds; its checkpoint is kept for transfer;
 * ``pair``: the best fixed rule (highest mean gain over the family), each member's best
   rule (the per-host oracle) and the static host over the rest of PPO's last third;
-* ``transfer``: the frozen PPO policy (``esper evaluate``: deterministic, no updates) on
-  the held-out members (``configs/learning_family_holdout.toml``) against the best
-  fixed rule of the training family, each held-out member's best rule and the static host;
+* ``transfer``: the frozen PPO policy (``esper evaluate``: deterministic, no updates;
+  ``--variant NAME``: that variant's) on the held-out members
+  (``configs/learning_family_holdout.toml``) against the best fixed rule of the
+  training family, each held-out member's best rule and the static host;
 * ``summary``: the tables, ``benchmarks/results/learning_family.json``.
 
 Every run is ``esper train --policy ...`` or ``esper evaluate`` through the Python API:
@@ -413,11 +414,11 @@ def stage(
         held = with_overrides(holdout, {"run.rounds": window.stop})
 
         def play(rule: str, w: range) -> dict[str, Any]:
-            if rule == "ppo":
-                return run_frozen(held, seed, data, "ppo", w)
+            if rule == variant:  # a PPO variant's final policy, frozen
+                return run_frozen(held, seed, data, variant, w)
             return run_rule(held, rule, seed, w, data)
 
-        _add_runs("transfer", seed, dict.fromkeys(["ppo", *names]), window, play)
+        _add_runs("transfer", seed, dict.fromkeys([variant, *names]), window, play)
     else:
         raise SystemExit(f"--family {name}: unknown stage")
 
@@ -493,6 +494,41 @@ def _print_minus(title: str, minus: dict[str, Any]) -> None:
     print_table(title, ["other", "acc pp", "s.e.", "reward", "s.e.", "n"], rows)
 
 
+def _transfer_block(transfer: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Each frozen PPO variant on the held-out members minus each rule there (``ppo``'s
+    at the top level, the others under ``variants``), and every policy's gains."""
+    played = {n for p in transfer.values() for n in p["runs"]}
+    policies = sorted((n for n in played if n.startswith("ppo")), key=lambda n: (n != "ppo", n))
+    names = sorted(played - set(policies))
+    everything = range(10**6)
+
+    def minus(policy: str) -> dict[str, Any]:
+        ours = {s: episodes_of(p, policy) for s, p in transfer.items() if policy in p["runs"]}
+        out = {
+            "seeds": sorted(ours),
+            "minus": {
+                n: paired_rounds(
+                    ours, {s: episodes_of(p, n) for s, p in transfer.items()}, everything
+                )
+                for n in names
+            },
+            "choices": choices(e for eps in ours.values() for e in eps.values()),
+        }
+        _print_minus(f"held-out members: frozen {policy} minus", out["minus"])
+        return out
+
+    blocks = {policy: minus(policy) for policy in policies}
+    return {
+        **blocks.get("ppo", {}),
+        "gains": {
+            n: {m: list(mean_se(v)) for m, v in gains(transfer, n, everything).items()}
+            for n in [*policies, *names]
+            if n != STATIC
+        },
+        "variants": {k: v for k, v in blocks.items() if k != "ppo"},
+    }
+
+
 def variants() -> list[str]:
     """The PPO variants with stored parts (``ppo`` first)."""
     names = {p.stem.rsplit("-s", 1)[0] for p in PARTS_DIR.glob("ppo*-s*.json")}
@@ -523,25 +559,7 @@ def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
                     f"{variant} ({what}, rounds {rounds[0]}-{rounds[1]}) minus", block[key]["minus"]
                 )
     if transfer:
-        ours = {s: episodes_of(p, "ppo") for s, p in transfer.items()}
-        names = sorted({n for p in transfer.values() for n in p["runs"]} - {"ppo"})
-        everything = range(10**6)
-        result["transfer"] = {
-            "seeds": sorted(transfer),
-            "minus": {
-                n: paired_rounds(
-                    ours, {s: episodes_of(p, n) for s, p in transfer.items()}, everything
-                )
-                for n in names
-            },
-            "gains": {
-                n: {m: list(mean_se(v)) for m, v in gains(transfer, n, everything).items()}
-                for n in ["ppo", *names]
-                if n != STATIC
-            },
-            "choices": choices(e for eps in ours.values() for e in eps.values()),
-        }
-        _print_minus("held-out members: frozen PPO minus", result["transfer"]["minus"])
+        result["transfer"] = _transfer_block(transfer)
     result["wall_minutes_runs"] = (
         sum(
             run["wall_s"]
@@ -573,8 +591,10 @@ def main_family(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         )
         return 0
     variant = "ppo" if not args.variant else f"ppo-{args.variant}"
-    if (overrides or args.variant) and args.family != "ppo":
-        raise SystemExit("--set/--variant: only with --family ppo (a PPO variant)")
+    if overrides and args.family != "ppo":
+        raise SystemExit("--set: only with --family ppo (a PPO variant)")
+    if args.variant and args.family not in ("ppo", "transfer"):
+        raise SystemExit("--variant: only with --family ppo or transfer")
     if overrides and not args.variant:
         raise SystemExit("--set: name the variant (--variant NAME): its results are its own")
     cfg = with_overrides(cfg, overrides)
