@@ -48,3 +48,16 @@ def test_every_family_stage_runs_and_the_summary_pairs_them(tmp_path: Path) -> N
     assert set(data["transfer"]["choices"]) == {"w4-8-16", "w12-4-48"}
     refused = _stage(tmp_path, "rules", "--set", "ppo.lr=0.001")
     assert refused.returncode != 0 and "only with --family ppo" in refused.stderr
+    # a variant: trained apart, transferred apart, its own tables in the summary
+    for argv in (
+        ("ppo", "--variant", "v", "--set", "ppo.lr=0.001"),
+        ("transfer", "--variant", "v"),
+    ):
+        proc = _stage(tmp_path, *argv)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _stage(tmp_path, "summary").returncode == 0
+    data = json.loads((tmp_path / "learning_family_quick.json").read_text())
+    assert data["ppo"]["ppo-v"]["overrides"] == {"ppo.lr": 0.001}
+    variant = data["transfer"]["variants"]["ppo-v"]
+    assert math.isfinite(variant["minus"]["static"]["acc"]["mean"])
+    assert set(variant["choices"]) == {"w4-8-16", "w12-4-48"}
