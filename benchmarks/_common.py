@@ -185,14 +185,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_results(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
-    """Write ``<out_dir>/<name>.json`` atomically (tmp file + rename)."""
+def write_results(
+    out_dir: Path, name: str, payload: dict[str, Any], *, compact: bool = False
+) -> Path:
+    """Write ``<out_dir>/<name>.json`` atomically (tmp file + rename); ``compact``: one
+    line, not announced (parts saved after every run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}.json"
     tmp = out_dir / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(_jsonable(payload), indent=2, sort_keys=False) + "\n")
+    layout: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 2}
+    tmp.write_text(json.dumps(_jsonable(payload), **layout) + "\n")
     os.replace(tmp, target)
-    print(f"wrote {target}", flush=True)
+    if not compact:
+        print(f"wrote {target}", flush=True)
     return target
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -183,11 +182,7 @@ def load_part(stage: str, seed: int) -> dict[str, Any]:
 def save_part(stage: str, seed: int, part: dict[str, Any]) -> None:
     """Atomically, compact (a part holds every episode of its runs)."""
     part["machine"] = machine_info()
-    PARTS_DIR.mkdir(parents=True, exist_ok=True)
-    target = part_path(stage, seed)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(part, separators=(",", ":")) + "\n")
-    os.replace(tmp, target)
+    write_results(PARTS_DIR, f"{stage}-s{seed}", part, compact=True)
 
 
 def _add_runs(stage: str, seed: int, names: Iterable[str], window: range, play: Any) -> None:

@@ -22,6 +22,13 @@ from esper.policy.signals import SignalTracker
 Hidden = tuple[Tensor, Tensor]
 
 
+def stateless_hidden(n: int, device: torch.device | str) -> Hidden:
+    """The recurrent state of a policy that keeps none: a width-1 placeholder, so the
+    trainer stores and resets every policy's state the same way."""
+    zeros = torch.zeros(1, n, 1, device=device)
+    return zeros, zeros.clone()
+
+
 class PolicyStep(NamedTuple):
     """One decision for N envs (all tensors on the policy device)."""
 

@@ -15,10 +15,7 @@ from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES, RELEVANT_HEAD
 from esper.core.enums import LifecycleOp
 from esper.policy.actions import N_OPS, ActionSpace
 from esper.policy.network import masked_log_softmax, normalised_entropy
-from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
-
-#: Width of the (unused) recurrent state.
-_HIDDEN = 1
+from esper.policy.protocol import Hidden, PolicyInput, PolicyStep, stateless_hidden
 
 
 def _uniform(mask: Tensor) -> Tensor:
@@ -39,8 +36,7 @@ class RandomValidPolicy:
         self._canonical = torch.tensor([CANONICAL_HEAD_VALUE[name] for name in HEAD_NAMES])
 
     def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
-        zeros = torch.zeros(1, n, _HIDDEN, device=device)
-        return zeros, zeros.clone()
+        return stateless_hidden(n, device)
 
     def act(
         self,

@@ -12,10 +12,7 @@ from esper.config import PolicyConfig
 from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES
 from esper.core.enums import LifecycleOp
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
-from esper.policy.protocol import Hidden, PolicyInput, PolicyStep
-
-#: Width of the (unused) recurrent state.
-_HIDDEN = 1
+from esper.policy.protocol import Hidden, PolicyInput, PolicyStep, stateless_hidden
 
 
 class StaticPolicy:
@@ -29,8 +26,7 @@ class StaticPolicy:
         self._wait = torch.tensor(canonical, dtype=torch.long)
 
     def initial_hidden(self, n: int, device: torch.device | str) -> Hidden:
-        zeros = torch.zeros(1, n, _HIDDEN, device=device)
-        return zeros, zeros.clone()
+        return stateless_hidden(n, device)
 
     def act(
         self,
