@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None) -> Any:
     p.add_argument("--device", default="cpu")
     p.add_argument("--profile", action="store_true", help="cProfile one trainer run per task")
     p.add_argument(
+        "--episode-length", type=int, default=None, help="epochs per episode (default: the preset)"
+    )
+    p.add_argument(
         "--variants",
         type=C.csv_list(str),
         default=list(VARIANTS),
@@ -78,6 +81,11 @@ def parse_args(argv: list[str] | None) -> Any:
         args.tasks, args.n_envs = ["digits"], [1, 2]
     args.repeats = args.repeats or (1 if args.quick else DEFAULT_REPEATS)
     return args
+
+
+def _episode(args: Any) -> dict[str, Any]:
+    """The ``--episode-length`` override, if given (per-round setup is amortised over it)."""
+    return {} if args.episode_length is None else {"run.episode_length": args.episode_length}
 
 
 def _measure(variant: str, cfg: Any, data: Any) -> T.Measurement:
@@ -101,6 +109,7 @@ def measure_config(task: str, n_envs: int, args: Any) -> dict[str, Any]:
         threads=args.threads,
         device=args.device,
         quick=args.quick,
+        overrides=_episode(args),
     )
     data = T.load_data(cfg)
     if not args.quick:

@@ -174,3 +174,30 @@ def test_batch_groups_records_the_batch_of_every_train_epoch(tmp_path: Path) -> 
             assert sum(epoch["seed_kinds"]) <= r["n_envs"] * 3  # at most a seed per slot
         assert 1 <= r["structure_groups_per_epoch"] <= r["n_envs"]
         assert 0.0 <= r["structure_batched_share"] <= 1.0
+
+
+def test_cuda_graphs_eager_figures_on_cpu(tmp_path: Path) -> None:
+    """On a CPU the script takes the eager figures only (capture needs CUDA); the seed
+    layouts it builds must give the kinds it names."""
+    data = run_script("cuda_graphs", tmp_path, "--device", "cpu")
+    rows = {r["layout"]: r for r in data["rows"]}
+    assert list(rows) == ["host", "one_kind", "mixed"]
+    assert [rows[k]["kinds"] for k in ("host", "one_kind")] == [0, 1]
+    assert rows["mixed"]["kinds"] > 1
+    for r in rows.values():
+        assert positive(r["per_env_ms"]) and positive(r["eager_ms"]) and positive(r["build_ms"])
+        assert "replay_ms" not in r and "error" not in r
+    launches = [rows[k]["eager_launches"] for k in ("host", "one_kind", "mixed")]
+    assert launches == sorted(launches) and launches[0] > 0
+
+
+def test_with_settings_runs_a_script_with_its_own_arguments(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "with_settings.py"), "--no-channels-last", "--",
+         str(BENCH / "cuda_graphs.py"), "--quick", "--device", "cpu", "--out", str(tmp_path),
+         "--layouts", "host"],
+        capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "cuda_graphs.json").read_text())
+    assert [r["layout"] for r in data["rows"]] == ["host"]

@@ -1,0 +1,259 @@
+"""What a CUDA graph of the batched train step would buy: eager against graph replay.
+
+Issue 37 asks whether the batched step should be captured as a CUDA graph with a
+fixed-shape seed layout ("sleeper seeds"). Before building that layout, this script
+measures the headroom on the step as it is today: one
+:class:`~esper.training.slot_groups.HostBatch` train step (forward, backward, per-env
+clip, SGD for every env) on ``synthetic_ref`` hosts, for three seed layouts held fixed:
+
+- ``host``: no seeds (the start of every episode);
+- ``one_kind``: every env blends a ``conv_heavy`` seed in its first slot;
+- ``mixed``: two seed kinds per slot, as in a PPO run's early rounds: env i grows a
+  seed in slot i mod n_slots (one of three blueprints per slot), training in half the
+  envs and blending in the other half (ten kinds on ``synthetic_ref``'s five slots).
+
+For each it times, per step of all envs: the per-env loop (``batch_ops.train_batch`` env
+by env, torch's own optimizers), the batched step run eagerly, the batched step replayed
+from a captured ``torch.cuda.CUDAGraph``, and how long ``HostBatch`` takes to build (the
+trainer builds one per epoch). It checks that replay gives the eager step's parameters,
+and counts the eager step's kernel launches (the graph is one launch). Capture needs
+CUDA; on a CPU only the eager figures are taken (``--device cpu --quick``: the plumbing).
+
+    python benchmarks/cuda_graphs.py --device cuda --n-envs 16,64 --out benchmarks/results/gpu_h200
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+import _trainer as T
+import torch
+
+from esper.core.enums import GerminationStyle, Initiator, SeedStage
+from esper.data.iterator import SharedBatchIterator
+from esper.data.tasks import load_task
+from esper.training.action_execution import sync_seed_optimizers
+from esper.training.batch_ops import PassOptions, train_batch
+from esper.training.env_factory import EnvFactory
+from esper.training.env_state import EnvState
+from esper.training.launch_count import LaunchCounter
+from esper.training.slot_groups import HostBatch
+
+LAYOUTS = ("host", "one_kind", "mixed")
+MIXED_BLUEPRINTS = ("conv_heavy", "attention", "bottleneck")
+#: Steps before timing (and the side-stream warm-up before capture, as torch asks).
+WARMUP = 3
+DEFAULT_STEPS = 30
+#: Steps compared between eager and replay from the same state.
+CHECK_STEPS = 3
+#: A healthy [seed, host] gradient norm per slot, so the G2 gate passes.
+HEALTHY_NORM = 0.5
+COLUMNS = (
+    "layout",
+    "n_envs",
+    "kinds",
+    "per-env loop ms",
+    "batched eager ms",
+    "graph replay ms",
+    "build ms",
+    "eager launches",
+    "eager / replay",
+    "per-env / replay",
+    "max |diff|",
+)
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    p = C.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--n-envs", type=C.csv_list(int), default=[16, 64])
+    p.add_argument("--layouts", type=C.csv_list(str), default=list(LAYOUTS))
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_envs, args.steps = [4], 2
+    return args
+
+
+def _germinate(env: EnvState, slot: str, blueprint: str, stage: SeedStage) -> None:
+    model = env.model
+    assert model.germinate(
+        slot, blueprint, GerminationStyle.LINEAR_ADD, 2, 1.0,
+        seed_id=env.next_seed_id(), current_acc=50.0, initiator=Initiator.POLICY,
+    )  # fmt: skip
+    for step in range(50):
+        if model.slot(slot).stage == stage:
+            break
+        if not model.advance(slot, initiator=Initiator.POLICY):
+            model.apply_grad_norms([HEALTHY_NORM] * (2 * len(model.slot_ids)))
+            model.tick(50.0 + step)
+    assert model.slot(slot).stage == stage, f"{slot} did not reach {stage}"
+    sync_seed_optimizers(env)
+
+
+def grow(envs: Sequence[EnvState], layout: str) -> None:
+    """Put the layout's seeds into the envs (see the module docstring)."""
+    for i, env in enumerate(envs):
+        slots = env.model.slot_ids
+        if layout == "one_kind":
+            _germinate(env, slots[0], "conv_heavy", SeedStage.BLENDING)
+        elif layout == "mixed":
+            at = i % len(slots)
+            stage = SeedStage.TRAINING if i % (2 * len(slots)) < len(slots) else SeedStage.BLENDING
+            _germinate(env, slots[at], MIXED_BLUEPRINTS[at % len(MIXED_BLUEPRINTS)], stage)
+
+
+def _envs(cfg: Any, spec: Any, layout: str) -> list[EnvState]:
+    envs = EnvFactory(cfg, spec).create_round(0)
+    grow(envs, layout)
+    for env in envs:
+        env.model.train()
+        env.train_accum = torch.zeros_like(env.train_accum)
+    return envs
+
+
+def _timed(fn: Callable[[], None], steps: int, device: torch.device) -> float:
+    """Milliseconds per call, the device drained before and after."""
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _state(batch: HostBatch) -> list[torch.Tensor]:
+    s = batch.store
+    return [s.params, s.momentum, s.seed_params, s.seed_momentum]
+
+
+def capture(step: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``step`` captured as one graph: warmed up on a side stream first, as torch asks."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def measure(args: Any, layout: str, n_envs: int) -> dict[str, Any]:
+    cfg = T.bench_config("synthetic_ref", n_envs=n_envs, level="off", threads=1,
+                         device=args.device, quick=args.quick)  # fmt: skip
+    device = torch.device(args.device)
+    task = load_task(cfg.task, seed=0)
+    opts = PassOptions(amp=cfg.run.amp, channels_last=cfg.task.channels_last,
+                       grad_clip=cfg.host.grad_clip)  # fmt: skip
+    it = SharedBatchIterator(
+        task.train_x, task.train_y, n_envs=n_envs, batch_size=cfg.task.batch_size, seed=0,
+        samples_per_env=cfg.task.train_samples_per_env, device=device,
+        channels_last=cfg.task.channels_last,
+    )  # fmt: skip
+    x, y = (t.clone() for t in next(iter(it.epoch_stacked(0))))
+    row: dict[str, Any] = {"layout": layout, "n_envs": n_envs, "batch": list(x.shape[1:])}
+
+    per_env = _envs(cfg, task.spec, layout)
+
+    def loop() -> None:
+        for i, env in enumerate(per_env):
+            train_batch(env, x[i], y[i], opts, inject_nan=False)
+
+    loop()
+    row["per_env_ms"] = _timed(loop, args.steps, device)
+
+    envs = _envs(cfg, task.spec, layout)
+    start = time.perf_counter()
+    batch = HostBatch(envs)
+    _sync(device)
+    row["build_ms"] = (time.perf_counter() - start) * 1e3
+    row["kinds"] = sum(len(k) for k in batch.kinds.values())
+
+    def step() -> None:
+        batch.train_batch(x, y, opts, None, last=True)
+
+    step()
+    with LaunchCounter(device=device.type) as counter:
+        step()
+    row["eager_launches"] = counter.tally.total()
+    row["eager_ms"] = _timed(step, args.steps, device)
+    if device.type != "cuda":
+        return row
+
+    try:
+        graph = capture(step, device)
+    except Exception as exc:  # keep the eager figures: say why capture failed
+        row["capture_error"] = f"{type(exc).__name__}: {exc}"
+        return row
+    row["replay_ms"] = _timed(graph.replay, args.steps, device)
+    saved = [t.clone() for t in _state(batch)]
+    for _ in range(CHECK_STEPS):
+        step()
+    eager = [t.clone() for t in _state(batch)]
+    for t, s in zip(_state(batch), saved, strict=True):
+        t.copy_(s)
+    for _ in range(CHECK_STEPS):
+        graph.replay()
+    _sync(device)
+    row["max_abs_diff"] = max(
+        (a - b).abs().max().item() if a.numel() else 0.0
+        for a, b in zip(_state(batch), eager, strict=True)
+    )
+    return row
+
+
+def table_row(r: dict[str, Any]) -> list[Any]:
+    replay = r.get("replay_ms")
+    return [
+        r["layout"], r["n_envs"], r.get("kinds"), r["per_env_ms"], r.get("eager_ms"), replay,
+        r.get("build_ms"), r.get("eager_launches"),
+        C.ratio(r["eager_ms"], replay) if replay else None,
+        C.ratio(r["per_env_ms"], replay) if replay else None,
+        r.get("max_abs_diff"),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    info = C.machine_info(threads=1)
+    C.print_machine(info)
+    rows: list[dict[str, Any]] = []
+    for n_envs in args.n_envs:
+        for layout in args.layouts:
+            try:
+                rows.append(measure(args, layout, n_envs))
+            except Exception as exc:  # one layout's failure must not cost the others
+                rows.append({"layout": layout, "n_envs": n_envs, "per_env_ms": None,
+                             "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            print(rows[-1], flush=True)
+    good = [r for r in rows if "error" not in r]
+    C.print_table(
+        f"Batched train step, eager against CUDA graph replay ({args.device}, ms per step "
+        "of all envs)",
+        COLUMNS,
+        [table_row(r) for r in good],
+    )
+    payload = {"benchmark": "cuda_graphs", "machine": info, "device": args.device,
+               "steps": args.steps, "quick": args.quick, "rows": rows}  # fmt: skip
+    C.write_results(args.out, "cuda_graphs", payload)
+    return 0 if len(good) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
