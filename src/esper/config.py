@@ -11,19 +11,15 @@ from __future__ import annotations
 import difflib
 import enum
 import hashlib
-import math
 import re
 import typing
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
+from esper.config_checks import validate
 from esper.core.constants import (
-    ALL_BLUEPRINTS,
-    ALPHA_TARGETS,
-    GERMINATE_MIN_STEPS_LEFT,
     HEURISTIC_ALPHA_TARGET,
     HEURISTIC_BLUEPRINT_ORDER,
     HEURISTIC_PENALTY_DECAY,
@@ -39,19 +35,16 @@ from esper.core.constants import (
     SEED_LR,
     STABILISATION_EPOCHS,
     STABILISATION_MAX_ACC_GAIN_PP,
-    TEMPOS,
 )
-from esper.core.datasets import TEXT_SOURCE, cifar_how_to_get
 from esper.core.enums import (
     AmpMode,
-    GerminationStyle,
     ParamCostBasis,
     PolicyKind,
     RewardFamily,
     TaskName,
     TelemetryLevel,
 )
-from esper.errors import UserError
+from esper.errors import ConfigError
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -66,19 +59,12 @@ Seed = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)]
 #: runs sequentially per step, so far more is a typo or a memory exhaustion, not a run.
 MAX_ENVS = 1024
 EnvCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENVS)]
-DEVICE_PATTERN = re.compile(r"(cpu|cuda)(:\d+)?")
 #: Lifecycle op names as config keys (``esper.core.enums.LifecycleOp``, lower case).
 OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
 #: Germination style names as config values (``esper.core.enums.GerminationStyle``).
 StyleName = Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"]
-#: A prior is a nudge, not a mask: beyond this an op would be all but impossible.
-MAX_OP_PRIOR = 5.0
 #: Default exploration prior: see ``docs/training.md`` ("The initial op prior").
 DEFAULT_OP_PRIOR: dict[OpName, float] = {"prune": -2.0}
-
-
-class ConfigError(UserError):
-    """A user error in the configuration; the message names the key path."""
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -349,10 +335,6 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     batch_envs: bool = False
 
 
-#: Family member names: short, printable, safe in tables and file names.
-MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
-
-
 class FamilyMember(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One host of a family: a CNN with these block widths (its depth is their count);
     everything else is ``[host]``."""
@@ -402,165 +384,6 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         return msgspec.json.encode(self, order="sorted").decode()
 
 
-def _validate(cfg: Config) -> Config:
-    try:
-        TelemetryLevel.parse(cfg.telemetry.level)
-    except ValueError as exc:
-        raise ConfigError(f"$.telemetry.level: {exc}") from None
-    if cfg.telemetry.level_enum == TelemetryLevel.DEBUG and cfg.telemetry.escalation_rounds < 0:
-        raise ConfigError("$.telemetry.escalation_rounds: must be >= 0")
-    if cfg.ppo.entropy_coef_floor > cfg.ppo.entropy_coef:
-        raise ConfigError("$.ppo.entropy_coef_floor: must not exceed $.ppo.entropy_coef")
-    for where, device in [("$.run.device", cfg.run.device)] + [
-        (f"$.run.env_devices[{i}]", d) for i, d in enumerate(cfg.run.env_devices)
-    ]:
-        if DEVICE_PATTERN.fullmatch(device) is None:
-            raise ConfigError(f"{where}: expected cpu, cuda or cuda:<index>, got {device!r}")
-    _check_finite(cfg)
-    for op, bias in cfg.policy.op_prior.items():
-        if not -MAX_OP_PRIOR <= bias <= MAX_OP_PRIOR:
-            raise ConfigError(
-                f"$.policy.op_prior.{op}: must be within +-{MAX_OP_PRIOR} (a prior, not a mask), "
-                f"got {bias}"
-            )
-    if cfg.task.name in (TaskName.CIFAR10, TaskName.TEXT) and not cfg.task.data_path:
-        what = (
-            f"a directory: {cifar_how_to_get('it')}"
-            if cfg.task.name == TaskName.CIFAR10
-            else TEXT_SOURCE
-        )
-        raise ConfigError(
-            f"$.task.data_path: task {cfg.task.name.value!r} needs a local path "
-            f"(--data-path PATH), {what}; nothing is downloaded at run time"
-        )
-    _check_family(cfg)
-    _check_blueprint_names(cfg.policy.blueprints, "blueprints")
-    _check_menus(cfg.policy)
-    _validate_heuristic(cfg.policy)
-    if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:
-        raise ConfigError(
-            f"$.policy.mask_late_germination: run.episode_length {cfg.run.episode_length} is "
-            f"shorter than the {GERMINATE_MIN_STEPS_LEFT} steps a seed needs to blend, so no "
-            "step could germinate"
-        )
-    return cfg
-
-
-def _check_family(cfg: Config) -> None:
-    """Member names unique and printable, block widths given; the batched host path
-    stacks identical hosts, so it cannot train a family."""
-    members = cfg.family.members
-    for i, member in enumerate(members):
-        where = f"$.family.members[{i}]"
-        if MEMBER_NAME.fullmatch(member.name) is None:
-            raise ConfigError(
-                f"{where}.name: {member.name!r}: use 1-32 characters from [A-Za-z0-9_.-], "
-                "starting with a letter or digit"
-            )
-        if member.name in [m.name for m in members[:i]]:
-            raise ConfigError(f"{where}.name: {member.name!r} listed twice")
-        if not member.block_channels:
-            raise ConfigError(f"{where}.block_channels: must list at least one block width")
-    if members and cfg.run.batch_envs:
-        raise ConfigError(
-            "$.run.batch_envs: the batched host path stacks identical hosts and cannot train "
-            "a host family ($.family.members); turn one of them off"
-        )
-    if members and cfg.task.name == TaskName.TEXT:
-        raise ConfigError(
-            "$.family.members: a host family is a family of CNN hosts (block widths); "
-            "task 'text' trains a transformer host"
-        )
-
-
-def _check_blueprint_names(names: list[str], key: str) -> None:
-    """Every name a known blueprint, none listed twice (the bad index named)."""
-    for i, name in enumerate(names):
-        if name not in ALL_BLUEPRINTS:
-            raise ConfigError(
-                f"$.policy.{key}[{i}]: unknown blueprint {name!r} "
-                f"(known: {', '.join(ALL_BLUEPRINTS)})"
-            )
-        if name in names[:i]:
-            raise ConfigError(f"$.policy.{key}[{i}]: {name!r} listed twice")
-
-
-def _check_menu(menu: Sequence[object], allowed: Sequence[object], key: str) -> None:
-    """A head's menu: values the head can encode, none listed twice."""
-    for i, value in enumerate(menu):
-        if value not in allowed:
-            raise ConfigError(f"$.policy.{key}[{i}]: must be one of {list(allowed)}, got {value!r}")
-        if value in menu[:i]:
-            raise ConfigError(f"$.policy.{key}[{i}]: {value!r} listed twice")
-
-
-def _rule_choices(policy: PolicyConfig) -> tuple[tuple[str, list[str], str, int, float], ...]:
-    """(key prefix, blueprints, style, tempo, alpha target) of each rule-based policy."""
-    eager = policy.eager
-    return (
-        (
-            "heuristic_",
-            policy.heuristic_blueprints,
-            policy.heuristic_style,
-            policy.heuristic_tempo,
-            policy.heuristic_alpha_target,
-        ),
-        ("eager.", eager.blueprints, eager.style, eager.tempo, eager.alpha_target),
-    )
-
-
-def _check_menus(policy: PolicyConfig) -> None:
-    """The alpha-target, style and tempo menus; a rule-based policy's own choices must be
-    in them when it runs (it would otherwise choose a masked value)."""
-    styles = [s.name.lower() for s in GerminationStyle]
-    _check_menu(policy.alpha_targets, ALPHA_TARGETS, "alpha_targets")
-    _check_menu(policy.styles, styles, "styles")
-    _check_menu(policy.tempos, TEMPOS, "tempos")
-    running = {PolicyKind.HEURISTIC: "heuristic_", PolicyKind.EAGER: "eager."}.get(policy.kind)
-    for prefix, _, style, tempo, alpha_target in _rule_choices(policy):
-        if prefix != running:
-            continue
-        for key, menu, choice in (
-            ("alpha_targets", policy.alpha_targets, alpha_target),
-            ("styles", policy.styles, style),
-            ("tempos", policy.tempos, tempo),
-        ):
-            if menu and choice not in menu:
-                name = f"{prefix}{key.removesuffix('s')}"
-                raise ConfigError(
-                    f"$.policy.{name}: {choice!r} is not in policy.{key} {list(menu)}"
-                )
-
-
-def _validate_heuristic(policy: PolicyConfig) -> None:
-    """The rule-based policies' choices must be values the action heads can encode."""
-    for prefix, blueprints, _, tempo, alpha_target in _rule_choices(policy):
-        if not blueprints:
-            raise ConfigError(f"$.policy.{prefix}blueprints: must name at least one blueprint")
-        _check_blueprint_names(blueprints, f"{prefix}blueprints")
-        if tempo not in TEMPOS:
-            raise ConfigError(f"$.policy.{prefix}tempo: must be one of {list(TEMPOS)}, got {tempo}")
-        if alpha_target not in ALPHA_TARGETS:
-            raise ConfigError(
-                f"$.policy.{prefix}alpha_target: must be one of {list(ALPHA_TARGETS)}, "
-                f"got {alpha_target}"
-            )
-    order = policy.eager.slot_order
-    for i, slot in enumerate(order):
-        if slot in order[:i]:
-            raise ConfigError(f"$.policy.eager.slot_order[{i}]: {slot!r} listed twice")
-
-
-def _check_finite(cfg: Config) -> None:
-    """TOML accepts ``inf`` and ``nan``; no setting means anything with them."""
-    for section in Config.__struct_fields__:
-        values = getattr(cfg, section)
-        for name in type(values).__struct_fields__:
-            value = getattr(values, name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"$.{section}.{name}: must be a finite number, got {value}")
-
-
 _BAD_CHOICE = re.compile(
     r"Invalid enum value '(?P<value>[^']*)' - at (`key` in )?`\$\.(?P<path>[\w.]+)`"
 )
@@ -602,7 +425,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
     except msgspec.ValidationError as exc:
         raise _convert_error(exc, source) from None
     try:
-        return _validate(cfg)
+        return validate(cfg)
     except ConfigError as exc:  # name the file, like the decoding errors do
         raise ConfigError(f"{source}: {exc}") from None
 

@@ -17,6 +17,10 @@ class UserError(EsperError):
     exit_code = 2
 
 
+class ConfigError(UserError):
+    """A user error in the configuration; the message names the key path."""
+
+
 class DatasetError(UserError):
     """A dataset is missing or malformed; the message says what to put where."""
 

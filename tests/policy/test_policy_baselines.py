@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policy_heuristic import run, tracker
 
-from esper.config import ConfigError, EagerConfig, PolicyConfig
+from esper.config import EagerConfig, PolicyConfig
 from esper.core.constants import HEAD_NAMES, HEURISTIC_BLUEPRINT_ORDER, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, SeedStage
+from esper.errors import ConfigError
 from esper.policy.actions import ActionSpace
 from esper.policy.eager import EagerPolicy
 from esper.policy.features import build_features

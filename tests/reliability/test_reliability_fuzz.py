@@ -46,9 +46,10 @@ from esper_analysis.errors import AnalysisError
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from esper.config import Config, ConfigError, config_from_dict, load_config
+from esper.config import Config, config_from_dict, load_config
 from esper.core import enums
 from esper.core.enums import TelemetryLevel
+from esper.errors import ConfigError
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
 from esper.telemetry.hub import open_run
 

@@ -158,7 +158,8 @@ def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) ->
     ],
 )
 def test_bad_heuristic_settings_are_named(key: str, value: object, message: str) -> None:
-    from esper.config import ConfigError, config_from_dict
+    from esper.config import config_from_dict
+    from esper.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         config_from_dict({"policy": {"kind": "heuristic", key: value}})
@@ -179,7 +180,8 @@ def test_bad_heuristic_settings_are_named(key: str, value: object, message: str)
 def test_bad_eager_settings_are_named(
     eager: dict[str, object], menus: dict[str, object], message: str
 ) -> None:
-    from esper.config import ConfigError, config_from_dict
+    from esper.config import config_from_dict
+    from esper.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         config_from_dict({"policy": {"kind": "eager", "eager": eager, **menus}})
@@ -187,7 +189,8 @@ def test_bad_eager_settings_are_named(
 
 def test_a_menu_binds_only_the_policy_that_runs() -> None:
     """PPO with a narrowed style menu needs no heuristic or eager style to match it."""
-    from esper.config import ConfigError, config_from_dict
+    from esper.config import config_from_dict
+    from esper.errors import ConfigError
 
     narrowed = {"styles": ["sigmoid_add"], "tempos": [8]}
     assert config_from_dict({"policy": narrowed}).policy.styles == ["sigmoid_add"]
@@ -230,9 +233,10 @@ def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
 
 def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
     """The menu reaches the action space (masks, hence PPO, heuristic and random)."""
-    from esper.config import ConfigError, config_from_dict
+    from esper.config import config_from_dict
     from esper.core.constants import ALL_BLUEPRINTS
     from esper.data.tasks import load_task
+    from esper.errors import ConfigError
     from esper.training.run import action_space_for
 
     cfg = config_from_dict({"policy": {"blueprints": ["conv_heavy", "norm"]}})
@@ -247,7 +251,8 @@ def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
 
 
 def test_a_germination_deadline_longer_than_the_episode_is_refused() -> None:
-    from esper.config import ConfigError, config_from_dict
+    from esper.config import config_from_dict
+    from esper.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match=re.escape("$.policy.mask_late_germination: run.episode_length 12")

@@ -13,10 +13,10 @@ import torch
 from esper_analysis import load_run
 
 from esper.cli import main as esper_main
-from esper.config import Config, ConfigError, config_from_dict, with_overrides
+from esper.config import Config, config_from_dict, with_overrides
 from esper.core.enums import Initiator
 from esper.data.tasks import load_task
-from esper.errors import CheckpointError, UserError
+from esper.errors import CheckpointError, ConfigError, UserError
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
 from esper.training.checkpoint import read_checkpoint

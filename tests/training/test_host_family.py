@@ -16,10 +16,11 @@ from esper_analysis import load_run
 from esper_analysis.cli import main as analysis_main
 from esper_analysis.hosts import host_choices
 
-from esper.config import Config, ConfigError, config_from_dict, load_config, with_overrides
+from esper.config import Config, config_from_dict, load_config, with_overrides
 from esper.core.enums import Initiator
 from esper.core.host_family import member_index, positions, slot_cost
 from esper.data.tasks import load_task
+from esper.errors import ConfigError
 from esper.policy.features import (
     BASE_DIM,
     HOST_DIM,

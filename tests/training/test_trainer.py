@@ -333,8 +333,8 @@ def test_bad_flag_value_names_the_flag() -> None:
     import argparse
 
     from esper.commands.train import build_config, configure_parser
-    from esper.config import ConfigError
     from esper.core.enums import PolicyKind
+    from esper.errors import ConfigError
 
     parser = argparse.ArgumentParser()
     configure_parser(parser)
@@ -345,8 +345,9 @@ def test_bad_flag_value_names_the_flag() -> None:
 def test_op_prior_config_is_strict_and_reaches_the_policy() -> None:
     from typing import get_args
 
-    from esper.config import ConfigError, OpName
+    from esper.config import OpName
     from esper.core.enums import LifecycleOp, Topology
+    from esper.errors import ConfigError
     from esper.policy.actions import ActionSpace
     from esper.training.policy_factory import build_policy, op_prior_logits
 

@@ -8,9 +8,9 @@ from typing import Any, Final
 
 import msgspec
 
-from esper.config import Config, ConfigError, RunConfig, load_config, with_overrides
+from esper.config import Config, RunConfig, load_config, with_overrides
 from esper.core.enums import AmpMode, PolicyKind, TelemetryLevel
-from esper.errors import UserError
+from esper.errors import ConfigError, UserError
 
 HELP = "train the seed policy with vectorized PPO (telemetry to Parquet)"
 #: Built-in defaults shown in ``--help``; a ``--config`` file replaces them, flags override both.

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from esper.config import ConfigError, EagerConfig, PolicyConfig
+from esper.config import EagerConfig, PolicyConfig
 from esper.core.constants import (
     ALL_BLUEPRINTS,
     G2_MIN_GRADIENT_HEALTH,
@@ -38,6 +38,7 @@ from esper.core.constants import (
 from esper.core.enums import GerminationStyle, LifecycleOp, SeedStage
 from esper.core.records import SlotReport
 from esper.core.transfer import host_copy
+from esper.errors import ConfigError
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, encode_action
 from esper.policy.masks import order_reports
 from esper.policy.protocol import Hidden, PolicyInput, PolicyStep

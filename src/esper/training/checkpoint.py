@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import torch
 
-from esper.config import Config, ConfigError, config_from_dict, with_overrides
-from esper.errors import CheckpointError, CheckpointSaveError
+from esper.config import Config, config_from_dict, with_overrides
+from esper.errors import CheckpointError, CheckpointSaveError, ConfigError
 
 CHECKPOINT_FORMAT = 2
 #: Format 1 (no digest) files from earlier versions still load, unverified.

@@ -11,11 +11,12 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from esper.config import Config, ConfigError, HostConfig
+from esper.config import Config, HostConfig
 from esper.core.constants import ENV_SEED_STRIDE, ROUND_SEED_STRIDE
 from esper.core.enums import AmpMode
 from esper.core.host_family import member_index
 from esper.data.tasks import TaskSpec
+from esper.errors import ConfigError
 from esper.model import MorphogeneticModel, build_model
 from esper.policy.signals import SignalTracker
 from esper.training.env_state import EnvState

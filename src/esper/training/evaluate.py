@@ -17,10 +17,10 @@ from typing import Any
 
 import msgspec
 
-from esper.config import Config, ConfigError, config_from_dict, with_overrides
+from esper.config import Config, config_from_dict, with_overrides
 from esper.core.enums import PolicyKind, RunStatus
 from esper.data.tasks import TaskData, load_task
-from esper.errors import CheckpointError, UserError
+from esper.errors import CheckpointError, ConfigError, UserError
 from esper.policy.actions import ActionSpace
 from esper.telemetry.hub import Hub
 from esper.telemetry.paths import validate_run_id

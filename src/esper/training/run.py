@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from esper.config import Config, ConfigError, with_overrides
+from esper.config import Config, with_overrides
 from esper.core.enums import GerminationStyle, RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
-from esper.errors import CheckpointError, CheckpointSaveError, UserError
+from esper.errors import CheckpointError, CheckpointSaveError, ConfigError, UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
 from esper.policy.protocol import Policy
