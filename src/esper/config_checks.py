@@ -87,7 +87,7 @@ def _check_family(cfg: Config) -> None:
             raise ConfigError(f"{where}.name: {member.name!r} listed twice")
         if not member.block_channels:
             raise ConfigError(f"{where}.block_channels: must list at least one block width")
-    if members and cfg.run.batch_envs:
+    if members and cfg.run.batch_envs is True:  # "auto" leaves a family per env
         raise ConfigError(
             "$.run.batch_envs: the batched host path stacks identical hosts and cannot train "
             "a host family ($.family.members); turn one of them off"

@@ -117,3 +117,19 @@ def test_rank_shards_without_the_split_see_the_same_samples() -> None:
         **kwargs,  # type: ignore[arg-type]
     )
     assert torch.equal(rank1.epoch_indices(0), one.epoch_indices(0)[2:4])
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_stacked_epochs_give_every_env_its_own_batches(split: bool) -> None:
+    """``epoch_stacked`` (the batched host path's) yields, per step, exactly the
+    per-env batches of ``epoch``, also for targets with their own dims (text: one
+    target per position)."""
+    x = torch.arange(50 * 6).view(50, 6)  # token sequences
+    y = x + 1000  # next-token targets: [samples, seq_len]
+    it = SharedBatchIterator(x, y, n_envs=3, batch_size=4, seed=1, split=split)
+    stacked = list(it.epoch_stacked(0))
+    per_env = _collect(it, 0)
+    assert len(stacked) == len(per_env) == it.batches_per_epoch
+    for (xs, ys), step in zip(stacked, per_env, strict=True):
+        for i, (xe, ye) in enumerate(step):
+            assert torch.equal(xs[i], xe) and torch.equal(ys[i], ye)

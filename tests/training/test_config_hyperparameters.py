@@ -303,3 +303,45 @@ def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
         reports, action_space_for(config_from_dict({}), data), max_seeds=3, device="cpu"
     )
     assert full.style.all() and full.tempo.all()
+
+
+BATCH_ENVS_CASES = [
+    ({}, False),  # CPU: the per-env path, faster there
+    ({"run.device": "cuda"}, True),
+    ({"run.device": "cuda:1"}, True),
+    ({"run.device": "cuda", "run.amp": "bf16"}, False),  # batching unmeasured with AMP
+    ({"run.device": "cuda", "family.members": [{"name": "a", "block_channels": [4]}]}, False),
+    ({"run.batch_envs": True}, True),  # explicit settings win everywhere
+    ({"run.batch_envs": False, "run.device": "cuda"}, False),
+]
+
+
+@pytest.mark.parametrize(("overrides", "batched"), BATCH_ENVS_CASES)
+def test_batch_envs_auto_batches_float32_cuda_runs_only(
+    overrides: dict[str, object], batched: bool
+) -> None:
+    from esper.config import Config, with_overrides
+
+    assert with_overrides(Config(), overrides).batches_envs() is batched
+
+
+def test_batch_envs_takes_true_false_or_auto_and_names_the_choices() -> None:
+    from esper.config import Config, with_overrides
+    from esper.errors import ConfigError
+
+    assert Config().run.batch_envs == "auto"
+    with pytest.raises(ConfigError, match=r"\$\.run\.batch_envs.*true, false, auto.*'auto'"):
+        with_overrides(Config(), {"run.batch_envs": "aut"})
+
+
+def test_a_checkpoint_resumes_whether_or_not_the_envs_are_batched() -> None:
+    """Batching is how envs execute (equal up to float summation order), like the
+    device: a run checkpointed per env may continue batched on a GPU."""
+    from esper.config import Config, with_overrides
+    from esper.training.checkpoint import compat_fingerprint
+
+    per_env = with_overrides(Config(), {"run.batch_envs": False})
+    assert compat_fingerprint(per_env) == compat_fingerprint(Config())
+    assert compat_fingerprint(per_env) != compat_fingerprint(
+        with_overrides(per_env, {"run.episode_length": 7})
+    )

@@ -110,10 +110,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-envs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="train the envs' hosts as one batched graph, seeds grouped per slot; for GPUs "
-        "(default: off)",
+        help="train the envs' hosts as one batched graph, seeds grouped per slot (default: "
+        "on for float32 CUDA runs without a host family, off on a CPU)",
     )
     parser.add_argument(
         "--save", metavar="PATH", help="checkpoint path (default: <run dir>/checkpoint.pt)"

@@ -121,7 +121,8 @@ class SharedBatchIterator:
         x = _layout(self.train_x.index_select(0, idx), self.channels_last)
         y = self.train_y.index_select(0, idx)
         if self.split:
-            xs, ys = x.view(self.n_envs, self.per_env, *x.shape[1:]), y.view(self.n_envs, -1)
+            xs = x.view(self.n_envs, self.per_env, *x.shape[1:])
+            ys = y.view(self.n_envs, self.per_env, *y.shape[1:])  # text: [.., seq_len]
         else:
             xs, ys = x.expand(self.n_envs, *x.shape), y.expand(self.n_envs, *y.shape)
         for start in range(0, self.per_env, self.batch_size):

@@ -43,9 +43,13 @@ _UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]*?)(?: was not an
 
 
 def compat_fingerprint(cfg: Config) -> str:
-    """What must match for a resume: everything but run length, ids, devices and output."""
+    """What must match for a resume: everything but run length, ids, devices, how the
+    envs are executed (batched or not: equal up to float summation order) and output."""
     data = msgspec.to_builtins(cfg)
-    for key in ("rounds", "run_id", "device", "env_devices", "checkpoint_every", "torch_threads"):
+    for key in (
+        "rounds", "run_id", "device", "env_devices", "checkpoint_every", "torch_threads",
+        "batch_envs",
+    ):  # fmt: skip
         data["run"].pop(key, None)
     data.pop("telemetry", None)
     return msgspec.json.encode(data, order="sorted").decode()

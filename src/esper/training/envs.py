@@ -109,6 +109,8 @@ class HostEnvs:
             channels_last=cfg.task.channels_last,
         )
         self.states: list[EnvState] = []
+        #: ``run.batch_envs`` resolved ("auto": on for float32 CUDA runs).
+        self.batched = cfg.batches_envs()
 
     @property
     def env_offset(self) -> int:
@@ -234,7 +236,7 @@ class HostEnvs:
         nan_envs = frozenset(e.index for e in envs if self.faults.nan_loss(rnd, step, e.index))
         epoch = rnd * self.horizon + step
         plans: list[AblationPlan]
-        if self.cfg.run.batch_envs:
+        if self.batched:
             train_epoch_batched(
                 envs,
                 self.iterator.epoch_stacked(epoch),
