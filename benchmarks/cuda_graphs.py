@@ -1,16 +1,19 @@
-"""What a CUDA graph of the batched train step would buy: eager against graph replay.
+"""The batched step's passes on a GPU: train eager against graph replay; validation
+stacked against per env.
 
 Issue 37 asks whether the batched step should be captured as a CUDA graph with a
 fixed-shape seed layout ("sleeper seeds"). Before building that layout, this script
 measures the headroom on the step as it is today: one
 :class:`~esper.training.slot_groups.HostBatch` train step (forward, backward, per-env
-clip, SGD for every env) on ``synthetic_ref`` hosts, for three seed layouts held fixed:
+clip, SGD for every env) on ``synthetic_ref`` hosts, for four seed layouts held fixed:
 
 - ``host``: no seeds (the start of every episode);
 - ``one_kind``: every env blends a ``conv_heavy`` seed in its first slot;
 - ``mixed``: two seed kinds per slot, as in a PPO run's early rounds: env i grows a
   seed in slot i mod n_slots (one of three blueprints per slot), training in half the
-  envs and blending in the other half (ten kinds on ``synthetic_ref``'s five slots).
+  envs and blending in the other half (ten kinds on ``synthetic_ref``'s five slots);
+- ``late``: late in an episode, env i blends 1 + i mod 3 seeds in the first slots (with
+  the default full factorial the validation pass has 2, 4 or 8 configurations per env).
 
 For each it times, per step of all envs: the per-env loop (``batch_ops.train_batch`` env
 by env, torch's own optimizers), the batched step run eagerly, the batched step replayed
@@ -18,6 +21,13 @@ from a captured ``torch.cuda.CUDAGraph``, and how long ``HostBatch`` takes to bu
 trainer builds one per epoch). It checks that replay gives the eager step's parameters,
 and counts the eager step's kernel launches (the graph is one launch). Capture needs
 CUDA; on a CPU only the eager figures are taken (``--device cpu --quick``: the plumbing).
+
+Validation, same layouts: the trainer's fused counterfactual pass over the run's
+validation set, each env with the configurations the trainer would evaluate (the
+real one and its measurable seeds' ablations: every subset, up to three seeds), stacked
+(``host_batching.validate_batched``: every env padded to the most configurations) and
+per env (``batch_ops.validate_fused``, what the per-env trainer runs). The two are
+timed by turns, on the same state.
 
     python benchmarks/cuda_graphs.py --device cuda --n-envs 16,64 --out benchmarks/results/gpu_h200
 """
@@ -37,16 +47,21 @@ import _trainer as T
 import torch
 
 from esper.core.enums import GerminationStyle, Initiator, SeedStage
-from esper.data.iterator import SharedBatchIterator
+from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import load_task
 from esper.training.action_execution import sync_seed_optimizers
-from esper.training.batch_ops import PassOptions, train_batch
+from esper.training.batch_ops import PassOptions, train_batch, validate_fused
+from esper.training.counterfactual import build_ablation_configs, measurable_seeds
 from esper.training.env_factory import EnvFactory
 from esper.training.env_state import EnvState
+from esper.training.envs import VAL_BATCH_FACTOR
+from esper.training.host_batching import validate_batched
 from esper.training.launch_count import LaunchCounter
 from esper.training.slot_groups import HostBatch
 
-LAYOUTS = ("host", "one_kind", "mixed")
+LAYOUTS = ("host", "one_kind", "mixed", "late")
+#: Most seeds an env of the ``late`` layout blends at once.
+LATE_MAX_SEEDS = 3
 MIXED_BLUEPRINTS = ("conv_heavy", "attention", "bottleneck")
 #: Steps before timing (and the side-stream warm-up before capture, as torch asks).
 WARMUP = 3
@@ -66,6 +81,16 @@ COLUMNS = (
     "eager launches",
     "eager / replay",
     "per-env / replay",
+    "max |diff|",
+)
+VAL_COLUMNS = (
+    "layout",
+    "n_envs",
+    "configs / env",
+    "padded to",
+    "per-env ms",
+    "stacked ms",
+    "stacked / per-env",
     "max |diff|",
 )
 
@@ -95,6 +120,8 @@ def _germinate(env: EnvState, slot: str, blueprint: str, stage: SeedStage) -> No
             model.apply_grad_norms([HEALTHY_NORM] * (2 * len(model.slot_ids)))
             model.tick(50.0 + step)
     assert model.slot(slot).stage == stage, f"{slot} did not reach {stage}"
+    if stage == SeedStage.BLENDING:
+        model.tick(60.0)  # alpha above 0: measurable by a counterfactual
     sync_seed_optimizers(env)
 
 
@@ -108,6 +135,10 @@ def grow(envs: Sequence[EnvState], layout: str) -> None:
             at = i % len(slots)
             stage = SeedStage.TRAINING if i % (2 * len(slots)) < len(slots) else SeedStage.BLENDING
             _germinate(env, slots[at], MIXED_BLUEPRINTS[at % len(MIXED_BLUEPRINTS)], stage)
+        elif layout == "late":
+            for at in range(1 + i % LATE_MAX_SEEDS):
+                blueprint = MIXED_BLUEPRINTS[at % len(MIXED_BLUEPRINTS)]
+                _germinate(env, slots[at], blueprint, SeedStage.BLENDING)
 
 
 def _envs(cfg: Any, spec: Any, layout: str) -> list[EnvState]:
@@ -151,6 +182,58 @@ def capture(step: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGr
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def _configs(cfg: Any, envs: Sequence[EnvState]) -> list[list[list[float]] | None]:
+    """Each env's alpha configurations as the trainer builds them (``HostEnvs``)."""
+    out: list[list[list[float]] | None] = []
+    for env in envs:
+        reports = env.model.slot_reports()
+        plan = build_ablation_configs(
+            measurable_seeds(reports), len(reports),
+            factorial=cfg.run.counterfactual_factorial, base_alphas=[r.alpha for r in reports],
+        )  # fmt: skip
+        out.append([list(a) for a in plan.alphas] if plan.active else None)
+    return out
+
+
+def measure_validation(
+    args: Any, cfg: Any, task: Any, opts: PassOptions, layout: str, n_envs: int
+) -> dict[str, Any]:
+    """Stacked against per-env validation of the same envs, timed by turns."""
+    device = torch.device(args.device)
+    envs = _envs(cfg, task.spec, layout)
+    val = val_batches(
+        task.val_x, task.val_y, cfg.task.batch_size * VAL_BATCH_FACTOR,
+        limit=cfg.task.val_samples, device=device, channels_last=cfg.task.channels_last,
+    )  # fmt: skip
+    configs = _configs(cfg, envs)
+    tensors = [None if c is None else torch.tensor(c) for c in configs]
+    counts = [1 if c is None else len(c) for c in configs]
+    row: dict[str, Any] = {"layout": layout, "n_envs": n_envs}
+    row["configs_per_env"] = sum(counts) / len(counts)
+    row["padded_to"] = max(counts)
+
+    def stacked() -> None:
+        validate_batched(envs, val, configs, opts)
+
+    def per_env() -> None:
+        validate_fused(envs, val, tensors, opts)
+
+    stacked()
+    per_env()
+    times: dict[str, list[float]] = {"stacked": [], "per_env": []}
+    for rep in range(args.steps):
+        order = [("stacked", stacked), ("per_env", per_env)]
+        for name, fn in order if rep % 2 == 0 else order[::-1]:
+            times[name].append(_timed(fn, 1, device))
+    row["val_stacked_ms"] = C.median(times["stacked"])
+    row["val_per_env_ms"] = C.median(times["per_env"])
+    a, b = validate_batched(envs, val, configs, opts), validate_fused(envs, val, tensors, opts)
+    row["val_max_abs_diff"] = max(
+        (x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True)
+    )
+    return row
 
 
 def measure(args: Any, layout: str, n_envs: int) -> dict[str, Any]:
@@ -234,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     info = C.machine_info(threads=1)
     C.print_machine(info)
     rows: list[dict[str, Any]] = []
+    val_rows: list[dict[str, Any]] = []
     for n_envs in args.n_envs:
         for layout in args.layouts:
             try:
@@ -242,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"layout": layout, "n_envs": n_envs, "per_env_ms": None,
                              "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
             print(rows[-1], flush=True)
+            try:
+                val_rows.append(_validation(args, layout, n_envs))
+            except Exception as exc:
+                val_rows.append({"layout": layout, "n_envs": n_envs,
+                                 "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            print(val_rows[-1], flush=True)
     good = [r for r in rows if "error" not in r]
     C.print_table(
         f"Batched train step, eager against CUDA graph replay ({args.device}, ms per step "
@@ -249,10 +339,31 @@ def main(argv: list[str] | None = None) -> int:
         COLUMNS,
         [table_row(r) for r in good],
     )
+    good_val = [r for r in val_rows if "error" not in r]
+    C.print_table(
+        f"Validation, stacked against per env ({args.device}, ms per pass of all envs)",
+        VAL_COLUMNS,
+        [
+            [r["layout"], r["n_envs"], r["configs_per_env"], r["padded_to"], r["val_per_env_ms"],
+             r["val_stacked_ms"], C.ratio(r["val_stacked_ms"], r["val_per_env_ms"]),
+             r["val_max_abs_diff"]]
+            for r in good_val
+        ],
+    )  # fmt: skip
     payload = {"benchmark": "cuda_graphs", "machine": info, "device": args.device,
-               "steps": args.steps, "quick": args.quick, "rows": rows}  # fmt: skip
+               "steps": args.steps, "quick": args.quick, "rows": rows,
+               "validation": val_rows}  # fmt: skip
     C.write_results(args.out, "cuda_graphs", payload)
-    return 0 if len(good) == len(rows) else 1
+    return 0 if len(good) == len(rows) and len(good_val) == len(val_rows) else 1
+
+
+def _validation(args: Any, layout: str, n_envs: int) -> dict[str, Any]:
+    cfg = T.bench_config("synthetic_ref", n_envs=n_envs, level="off", threads=1,
+                         device=args.device, quick=args.quick)  # fmt: skip
+    task = load_task(cfg.task, seed=0)
+    opts = PassOptions(amp=cfg.run.amp, channels_last=cfg.task.channels_last,
+                       grad_clip=cfg.host.grad_clip)  # fmt: skip
+    return measure_validation(args, cfg, task, opts, layout, n_envs)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
 #     DEVICE=cpu QUICK=1 bash benchmarks/gpu_check.sh
 #
 # Steps, most important first: EPS of trainer/batched/floor (synthetic_ref 4/16/64 envs;
-# digits 4/16), the launch counter on the device at 16 envs, synchronising CUDA calls
+# digits 4/16), the launch counter on the device at 16 envs, the batched train step
+# eager against a replayed CUDA graph and validation stacked against per env
+# (cuda_graphs.py), synchronising CUDA calls
 # per env-step (sync debug mode "warn"), AMP bf16/fp16 smoke runs, the CUDA-only tests,
 # a torch.profiler summary of a few batched steps.
 set -uo pipefail
@@ -57,6 +59,8 @@ step eps_synthetic_ref 260 python3 benchmarks/eps.py --device "$DEVICE" --tasks 
     --n-envs 4,16,64 --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_synthetic_ref" $Q
 step launches 90 python3 benchmarks/launches.py --device "$DEVICE" --tasks synthetic_ref \
     --n-envs 16 --sites --out "$RESULTS" $Q
+step cuda_graphs 120 python3 benchmarks/cuda_graphs.py --device "$DEVICE" --n-envs 16,64 \
+    --out "$RESULTS" $Q
 step cuda_checks 120 python3 benchmarks/cuda_checks.py syncs amp profile --device "$DEVICE" \
     --out "$RESULTS" $Q
 step cuda_tests 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_sync_guard.py \

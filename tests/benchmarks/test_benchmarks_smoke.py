@@ -181,14 +181,21 @@ def test_cuda_graphs_eager_figures_on_cpu(tmp_path: Path) -> None:
     layouts it builds must give the kinds it names."""
     data = run_script("cuda_graphs", tmp_path, "--device", "cpu")
     rows = {r["layout"]: r for r in data["rows"]}
-    assert list(rows) == ["host", "one_kind", "mixed"]
+    assert list(rows) == ["host", "one_kind", "mixed", "late"]
     assert [rows[k]["kinds"] for k in ("host", "one_kind")] == [0, 1]
-    assert rows["mixed"]["kinds"] > 1
+    assert rows["mixed"]["kinds"] > 1 and rows["late"]["kinds"] > 1
     for r in rows.values():
         assert positive(r["per_env_ms"]) and positive(r["eager_ms"]) and positive(r["build_ms"])
         assert "replay_ms" not in r and "error" not in r
     launches = [rows[k]["eager_launches"] for k in ("host", "one_kind", "mixed")]
     assert launches == sorted(launches) and launches[0] > 0
+    # Validation: the trainer's configurations (late: several seeds, so padding).
+    val = {r["layout"]: r for r in data["validation"]}
+    assert (val["host"]["configs_per_env"], val["one_kind"]["configs_per_env"]) == (1, 2)
+    assert val["late"]["padded_to"] > val["late"]["configs_per_env"] > 2
+    for r in val.values():
+        assert positive(r["val_stacked_ms"]) and positive(r["val_per_env_ms"])
+        assert r["val_max_abs_diff"] < 1e-3  # the same pass, up to summation order
 
 
 def test_with_settings_runs_a_script_with_its_own_arguments(tmp_path: Path) -> None:
