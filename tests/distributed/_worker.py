@@ -16,7 +16,8 @@ from esper.data.tasks import load_task
 from esper.training.distributed import init_collective
 from esper.training.faults import FaultPlan, parse_fault
 from esper.training.policy_factory import build_policy
-from esper.training.run import action_space_for, train
+from esper.training.run import train
+from esper.training.run_setup import action_space_for
 
 
 def main() -> int:

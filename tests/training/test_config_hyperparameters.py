@@ -118,7 +118,7 @@ def test_anomaly_thresholds_come_from_the_telemetry_section() -> None:
 @pytest.mark.parametrize("tf32", [True, False])
 def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) -> None:
     from esper.config import Config, with_overrides
-    from esper.training.run import configure_torch
+    from esper.training.run_setup import configure_torch
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     threads = torch.get_num_threads()
@@ -219,7 +219,7 @@ def test_signal_thresholds_reach_every_env_tracker() -> None:
 def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from esper.training.run import intra_op_threads
+    from esper.training.run_setup import intra_op_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -237,7 +237,7 @@ def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
     from esper.core.constants import ALL_BLUEPRINTS
     from esper.data.tasks import load_task
     from esper.errors import ConfigError
-    from esper.training.run import action_space_for
+    from esper.training.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"blueprints": ["conv_heavy", "norm"]}})
     data = load_task(cfg.task, seed=0)
@@ -267,7 +267,7 @@ def test_policy_alpha_targets_mask_the_alpha_head() -> None:
     from esper.data.tasks import load_task
     from esper.model import build_model
     from esper.policy.masks import compute_masks
-    from esper.training.run import action_space_for
+    from esper.training.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"alpha_targets": [1.0]}})
     data = load_task(cfg.task, seed=0)
@@ -288,7 +288,7 @@ def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
     from esper.data.tasks import load_task
     from esper.model import build_model
     from esper.policy.masks import compute_masks
-    from esper.training.run import action_space_for
+    from esper.training.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"styles": ["linear_add", "gated_gate"], "tempos": [5]}})
     data = load_task(cfg.task, seed=0)

@@ -24,7 +24,7 @@ from esper.training.env_results import EnvEpoch, EnvTransition, PhaseTimes, Roll
 from esper.training.envs import HostEnvs
 from esper.training.faults import Fault, FaultKind, FaultPlan
 from esper.training.recorder import Recorder
-from esper.training.run import action_space_for
+from esper.training.run_setup import action_space_for
 
 N_ENVS = 2
 HORIZON = 4

@@ -24,7 +24,8 @@ from esper.training.envs import HostEnvs
 from esper.training.evaluate import evaluate
 from esper.training.learner import DECISION_ROW, Learner
 from esper.training.policy_factory import build_policy
-from esper.training.run import action_space_for, train
+from esper.training.run import train
+from esper.training.run_setup import action_space_for
 
 MEMBERS = [
     {"name": "narrow", "block_channels": [2, 4, 8]},

@@ -32,7 +32,8 @@ from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
 from esper.training.env_factory import EnvFactory, member_host
 from esper.training.envs import HostEnvs
-from esper.training.run import action_space_for, train
+from esper.training.run import train
+from esper.training.run_setup import action_space_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = [

@@ -24,7 +24,7 @@ from esper.training.envs import HostEnvs
 from esper.training.launch_count import HostSyncError, LaunchCounter, SyncGuard
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
-from esper.training.run import action_space_for
+from esper.training.run_setup import action_space_for
 
 N_ENVS = 3
 HORIZON = 3

@@ -28,15 +28,12 @@ from esper.training.checkpoint import read_checkpoint
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
 from esper.training.recorder import Recorder
-from esper.training.run import (
-    TrainResult,
+from esper.training.run import TrainResult, check_telemetry_dir, open_hub, run_rounds
+from esper.training.run_setup import (
     action_space_for,
     check_envs_fit,
-    check_telemetry_dir,
     configure_torch,
-    open_hub,
     resolve_device,
-    run_rounds,
 )
 from esper.training.trainer import ProgressFn, VectorizedTrainer
 

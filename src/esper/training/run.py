@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import signal
 import threading
 import time
@@ -25,11 +24,9 @@ import torch
 from torch import nn
 
 from esper.config import Config, with_overrides
-from esper.core.enums import GerminationStyle, RunStatus, TelemetryLevel
+from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
-from esper.errors import CheckpointError, CheckpointSaveError, ConfigError, UserError
-from esper.model import build_model
-from esper.policy.actions import ActionSpace
+from esper.errors import CheckpointError, CheckpointSaveError, UserError
 from esper.policy.protocol import Policy
 from esper.telemetry.emit_log import with_emit_log
 from esper.telemetry.hub import Hub, open_run
@@ -45,11 +42,17 @@ from esper.training.distributed import (
     rank_device,
     rank_path,
 )
-from esper.training.env_factory import check_family_slots, member_host
 from esper.training.faults import FaultPlan, check_faults
 from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
 from esper.training.recorder import Recorder
+from esper.training.run_setup import (
+    action_space_for,
+    check_envs_fit,
+    configure_torch,
+    default_run_id,
+    resolve_device,
+)
 from esper.training.trainer import ProgressFn, RoundSummary, VectorizedTrainer
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -101,78 +104,6 @@ class TrainResult:
     rounds: list[RoundSummary] = field(default_factory=list)
 
 
-def intra_op_threads(requested: int) -> int:
-    """``run.torch_threads``, with 0 meaning every core this process may use, shared
-    among the local training processes (torchrun's ``LOCAL_WORLD_SIZE``)."""
-    if requested:
-        return requested
-    affinity = getattr(os, "sched_getaffinity", None)
-    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, cores // max(1, local))
-
-
-def configure_torch(cfg: Config) -> None:
-    """Process-wide torch settings of a run: intra-op threads, and TF32 on CUDA (the
-    hosts are small CNNs whose float32 convolutions and matmuls TF32 runs several times
-    faster at an accuracy far below what the training noise already is)."""
-    torch.set_num_threads(intra_op_threads(cfg.run.torch_threads))
-    if torch.device(cfg.run.device).type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = cfg.run.tf32
-        torch.backends.cudnn.allow_tf32 = cfg.run.tf32
-
-
-def resolve_device(cfg: Config) -> Config:
-    """Fail early and clearly on a device that is not there."""
-    for name in [cfg.run.device, *cfg.run.env_devices]:
-        dev = torch.device(name)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"device {name!r} requested but CUDA is not available here")
-        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
-    return cfg
-
-
-def default_run_id(cfg: Config) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.task.name.value}-{cfg.policy.kind.value}-s{cfg.run.seed}-{stamp}"
-
-
-def check_envs_fit(cfg: Config, data: TaskData, world_size: int = 1) -> None:
-    """Each env (of every rank) trains on its own share of the data: one sample each
-    (unless ``task.env_split`` is off: then every env trains on the same samples)."""
-    n_train = int(data.train_y.shape[0])
-    if cfg.task.env_split and cfg.run.n_envs * world_size > n_train:
-        ranks = f" x {world_size} ranks" if world_size > 1 else ""
-        raise ConfigError(
-            f"--envs {cfg.run.n_envs}{ranks} (run.n_envs): task {cfg.task.name.value!r} has "
-            f"{n_train} training samples, so at most {n_train} envs (one sample each; "
-            "task.env_split = false gives every env the same samples)"
-        )
-
-
-def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
-    """The policy's action space, from a probe model (which also validates ``host``)."""
-    host = member_host(cfg, 0, 0)[1]  # with a family: a member (all offer the same slots)
-    try:
-        probe = build_model(host, data.spec, seed=cfg.run.seed)
-    except ValueError as exc:  # e.g. host.slots naming a slot this host does not have
-        raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
-    check_family_slots(cfg, data.spec, probe.slot_ids)
-    blueprints = tuple(cfg.policy.blueprints) or None
-    try:
-        return ActionSpace(
-            slot_ids=probe.slot_ids,
-            topology=probe.topology,
-            blueprints=blueprints,
-            alpha_targets=tuple(cfg.policy.alpha_targets) or None,
-            styles=tuple(GerminationStyle[s.upper()] for s in cfg.policy.styles) or None,
-            tempos=tuple(cfg.policy.tempos) or None,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"$.policy.blueprints: {exc}") from None
-
-
 def train(
     config: Config,
     *,
@@ -211,12 +142,7 @@ def train(
     state = load_checkpoint(resume, cfg) if resume is not None else None
     if state is not None:
         check_world_size(state, resume, collective)
-    if first_round and (resume is not None or not 0 < first_round < cfg.run.rounds):
-        raise UserError(
-            f"first_round {first_round}: a fresh run's first round, below run.rounds "
-            f"({cfg.run.rounds}); a resume starts where its checkpoint says"
-        )
-    start = int(state["next_round"]) if state is not None else first_round
+    start = _first_round(cfg, state, resume, first_round)
     if faults is not None:
         check_faults(faults, global_run(cfg.run, collective), start_round=start)
     ledger = ledger if ledger is not None else CheckpointLedger()
@@ -245,15 +171,8 @@ def train(
         policy if policy is not None else build_policy(cfg, space),
         collective=collective,
     )
-    start_round = start
     if state is not None:
-        try:
-            learner.load_state_dict(state["learner"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"{resume}: the checkpoint's policy state does not fit this configuration "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
+        _restore_learner(learner, state, resume)
     hub = (
         telemetry
         if telemetry is not None
@@ -278,7 +197,31 @@ def train(
     run_dir = getattr(hub, "run_dir", None)
     saver = _Saver(cfg, learner, recorder, rank_path(ckpt_path, rank), ledger, collective)
     before = _Before.of(cfg, state, saver.world_size) if continued else _Before()
-    return run_rounds(cfg, trainer, saver, start_round, run_dir, before)
+    return run_rounds(cfg, trainer, saver, start, run_dir, before)
+
+
+def _first_round(
+    cfg: Config, state: dict[str, Any] | None, resume: str | Path | None, first_round: int
+) -> int:
+    """Where the run starts: the checkpoint's next round, or ``first_round`` of a fresh
+    run (which must lie inside it)."""
+    if first_round and (resume is not None or not 0 < first_round < cfg.run.rounds):
+        raise UserError(
+            f"first_round {first_round}: a fresh run's first round, below run.rounds "
+            f"({cfg.run.rounds}); a resume starts where its checkpoint says"
+        )
+    return int(state["next_round"]) if state is not None else first_round
+
+
+def _restore_learner(learner: Learner, state: dict[str, Any], resume: str | Path | None) -> None:
+    """A resumed run's policy, optimiser and normaliser state, or an error naming the file."""
+    try:
+        learner.load_state_dict(state["learner"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{resume}: the checkpoint's policy state does not fit this configuration "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
 
 
 @dataclass(frozen=True)
