@@ -22,6 +22,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         f"{parser.description or HELP}. Defaults shown are the built-in config's; "
         "a --config file replaces them and flags override both."
     )
+    _add_workload_flags(parser)
+    _add_execution_flags(parser)
+
+
+def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    """What runs: config, policy, task, sizes, seed, telemetry."""
     parser.add_argument(
         "--config", metavar="FILE", help="TOML or JSON config, strict (default: none, built-ins)"
     )
@@ -90,6 +96,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"events written: {' < '.join(lv.name.lower() for lv in TelemetryLevel)} "
         f"(default: {_D.telemetry.level})",
     )
+
+
+def _add_execution_flags(parser: argparse.ArgumentParser) -> None:
+    """Where and how it runs: devices, precision, batching, checkpoints, faults, output."""
     parser.add_argument("--device", help=f"cpu | cuda | cuda:K (default: {_D.run.device})")
     parser.add_argument(
         "--env-devices",
