@@ -37,6 +37,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,10 +198,10 @@ def _configs(cfg: Any, envs: Sequence[EnvState]) -> list[list[list[float]] | Non
     return out
 
 
-def measure_validation(
-    args: Any, cfg: Any, task: Any, opts: PassOptions, layout: str, n_envs: int
-) -> dict[str, Any]:
+def measure_validation(args: Any, work: Workload, layout: str) -> dict[str, Any]:
     """Stacked against per-env validation of the same envs, timed by turns."""
+    cfg, task, opts = work.cfg, work.task, work.opts
+    n_envs = cfg.run.n_envs
     device = torch.device(args.device)
     envs = _envs(cfg, task.spec, layout)
     val = val_batches(
@@ -236,13 +237,28 @@ def measure_validation(
     return row
 
 
-def measure(args: Any, layout: str, n_envs: int) -> dict[str, Any]:
-    cfg = T.bench_config("synthetic_ref", n_envs=n_envs, level="off", threads=1,
-                         device=args.device, quick=args.quick)  # fmt: skip
+@dataclass(frozen=True)
+class Workload:
+    """The config, data and pass options of one env count (built once, used by every
+    layout's train and validation measurements)."""
+
+    cfg: Any
+    task: Any
+    opts: PassOptions
+
+    @classmethod
+    def of(cls, args: Any, n_envs: int) -> Workload:
+        cfg = T.bench_config("synthetic_ref", n_envs=n_envs, level="off", threads=1,
+                             device=args.device, quick=args.quick)  # fmt: skip
+        opts = PassOptions(amp=cfg.run.amp, channels_last=cfg.task.channels_last,
+                           grad_clip=cfg.host.grad_clip)  # fmt: skip
+        return cls(cfg, load_task(cfg.task, seed=0), opts)
+
+
+def measure(args: Any, work: Workload, layout: str) -> dict[str, Any]:
+    cfg, task, opts = work.cfg, work.task, work.opts
+    n_envs = cfg.run.n_envs
     device = torch.device(args.device)
-    task = load_task(cfg.task, seed=0)
-    opts = PassOptions(amp=cfg.run.amp, channels_last=cfg.task.channels_last,
-                       grad_clip=cfg.host.grad_clip)  # fmt: skip
     it = SharedBatchIterator(
         task.train_x, task.train_y, n_envs=n_envs, batch_size=cfg.task.batch_size, seed=0,
         samples_per_env=cfg.task.train_samples_per_env, device=device,
@@ -319,15 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     val_rows: list[dict[str, Any]] = []
     for n_envs in args.n_envs:
+        work = Workload.of(args, n_envs)
         for layout in args.layouts:
             try:
-                rows.append(measure(args, layout, n_envs))
+                rows.append(measure(args, work, layout))
             except Exception as exc:  # one layout's failure must not cost the others
                 rows.append({"layout": layout, "n_envs": n_envs, "per_env_ms": None,
                              "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
             print(rows[-1], flush=True)
             try:
-                val_rows.append(_validation(args, layout, n_envs))
+                val_rows.append(measure_validation(args, work, layout))
             except Exception as exc:
                 val_rows.append({"layout": layout, "n_envs": n_envs,
                                  "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
@@ -355,15 +372,6 @@ def main(argv: list[str] | None = None) -> int:
                "validation": val_rows}  # fmt: skip
     C.write_results(args.out, "cuda_graphs", payload)
     return 0 if len(good) == len(rows) and len(good_val) == len(val_rows) else 1
-
-
-def _validation(args: Any, layout: str, n_envs: int) -> dict[str, Any]:
-    cfg = T.bench_config("synthetic_ref", n_envs=n_envs, level="off", threads=1,
-                         device=args.device, quick=args.quick)  # fmt: skip
-    task = load_task(cfg.task, seed=0)
-    opts = PassOptions(amp=cfg.run.amp, channels_last=cfg.task.channels_last,
-                       grad_clip=cfg.host.grad_clip)  # fmt: skip
-    return measure_validation(args, cfg, task, opts, layout, n_envs)
 
 
 if __name__ == "__main__":
