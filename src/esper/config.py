@@ -390,7 +390,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         if self.run.batch_envs != "auto":
             return bool(self.run.batch_envs)
         on_cuda = self.run.device.startswith("cuda")
-        return on_cuda and self.run.amp == AmpMode.OFF and not self.family.members
+        return on_cuda and self.run.amp == AmpMode.OFF and not self.family.enabled
 
     def to_json(self) -> str:
         return msgspec.json.encode(self, order="sorted").decode()

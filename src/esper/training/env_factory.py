@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from esper.config import Config, HostConfig
+from esper.config import Config, FamilyMember, HostConfig
 from esper.core.constants import ENV_SEED_STRIDE, ROUND_SEED_STRIDE
 from esper.core.enums import AmpMode
 from esper.core.host_family import member_index
@@ -40,7 +40,12 @@ def member_host(cfg: Config, rnd: int, env: int) -> tuple[str, HostConfig]:
     if not members:
         return "", cfg.host
     member = members[member_index(cfg.run.seed, rnd, env, len(members))]
-    return member.name, msgspec.structs.replace(cfg.host, block_channels=member.block_channels)
+    return member.name, _member_config(cfg, member)
+
+
+def _member_config(cfg: Config, member: FamilyMember) -> HostConfig:
+    """``[host]`` with the member's block widths (everything else is shared)."""
+    return msgspec.structs.replace(cfg.host, block_channels=member.block_channels)
 
 
 def check_family_slots(cfg: Config, spec: TaskSpec, slot_ids: tuple[str, ...]) -> None:
@@ -48,9 +53,8 @@ def check_family_slots(cfg: Config, spec: TaskSpec, slot_ids: tuple[str, ...]) -
     acts on all of them (``host.slots`` can name the slots that members of different
     depths share)."""
     for i, member in enumerate(cfg.family.members):
-        host = msgspec.structs.replace(cfg.host, block_channels=member.block_channels)
         try:
-            probe = build_model(host, spec, seed=cfg.run.seed)
+            probe = build_model(_member_config(cfg, member), spec, seed=cfg.run.seed)
         except ValueError as exc:
             raise ConfigError(f"$.family.members[{i}] ({member.name!r}): {exc}") from None
         if probe.slot_ids != slot_ids:
