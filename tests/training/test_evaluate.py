@@ -10,10 +10,11 @@ from typing import Any
 import polars as pl
 import pytest
 import torch
+from _family_support import family_config
 from esper_analysis import load_run
 
 from esper.cli import main as esper_main
-from esper.config import Config, config_from_dict, with_overrides
+from esper.config import Config
 from esper.core.enums import Initiator
 from esper.data.tasks import load_task
 from esper.errors import CheckpointError, ConfigError, UserError
@@ -27,25 +28,12 @@ from esper.training.policy_factory import build_policy
 from esper.training.run import train
 from esper.training.run_setup import action_space_for
 
-MEMBERS = [
-    {"name": "narrow", "block_channels": [2, 4, 8]},
-    {"name": "wide", "block_channels": [8, 4, 16]},
-]
 HELD_OUT = [{"name": "held", "block_channels": [4, 8, 16]}]
 
 
 def _config(tmp: Path, **overrides: Any) -> Config:
-    cfg = config_from_dict(
-        {
-            "run": {"n_envs": 2, "rounds": 2, "episode_length": 4},
-            "task": {"train_samples_per_env": 64, "val_samples": 64},
-            "host": {"slots": ["r0c0", "r0c1", "r0c2"]},
-            "family": {"members": MEMBERS},
-            "policy": {"feature_dim": 16, "lstm_hidden": 16},
-            "telemetry": {"dir": str(tmp)},
-        }
-    )
-    return with_overrides(cfg, overrides)
+    base = {"run.n_envs": 2, "run.episode_length": 4, "telemetry.dir": str(tmp)}
+    return family_config(**{**base, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import msgspec
 import polars as pl
 import pytest
 import torch
+from _family_support import MEMBERS, family_config
 from esper_analysis import load_run
 from esper_analysis.cli import main as analysis_main
 from esper_analysis.hosts import host_choices
@@ -36,23 +37,6 @@ from esper.training.run import train
 from esper.training.run_setup import action_space_for
 
 ROOT = Path(__file__).resolve().parents[2]
-MEMBERS = [
-    {"name": "narrow", "block_channels": [2, 4, 8]},
-    {"name": "wide", "block_channels": [8, 4, 16]},
-]
-
-
-def family_config(**overrides: Any) -> Config:
-    cfg = config_from_dict(
-        {
-            "run": {"n_envs": 4, "rounds": 2, "episode_length": 3},
-            "task": {"train_samples_per_env": 64, "val_samples": 64},
-            "host": {"slots": ["r0c0", "r0c1", "r0c2"]},
-            "family": {"members": MEMBERS},
-            "policy": {"feature_dim": 16, "lstm_hidden": 16},
-        }
-    )
-    return with_overrides(cfg, overrides)
 
 
 def test_the_draw_is_balanced_per_round_and_seeded() -> None:
