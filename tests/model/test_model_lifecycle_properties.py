@@ -237,7 +237,9 @@ def _run_sequence(seq: list[tuple]) -> set[SeedStage]:
     visited: set[SeedStage] = set()
     for action in seq:
         _apply(model, action, tracker, epoch, records)
-        visited.update(r.stage for r in model.slot_reports())
+        reports = model.slot_reports()
+        visited.update(r.stage for r in reports)
+        assert model.active_seeds() == sum(r.active for r in reports)
         tracker.consume(records)
         _check(model, tracker)
     # Whatever happened, the model still runs and the counts add up.

@@ -64,7 +64,7 @@ class SlotReport(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def active(self) -> bool:
         """A seed occupies the slot (not DORMANT and not in the post-prune cooldown)."""
-        return self.stage not in _INACTIVE_STAGES
+        return occupies(self.stage)
 
     @property
     def alpha_at_rest(self) -> bool:
@@ -74,6 +74,11 @@ class SlotReport(msgspec.Struct, frozen=True, kw_only=True):
 _INACTIVE_STAGES = frozenset(
     {SeedStage.DORMANT, SeedStage.PRUNED, SeedStage.EMBARGOED, SeedStage.RESETTING}
 )
+
+
+def occupies(stage: SeedStage) -> bool:
+    """Whether a slot at ``stage`` holds a seed (:attr:`SlotReport.active`)."""
+    return stage not in _INACTIVE_STAGES
 
 
 class GateResult(msgspec.Struct, frozen=True, kw_only=True):

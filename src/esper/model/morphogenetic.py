@@ -24,7 +24,7 @@ from esper.core.enums import (
     Topology,
 )
 from esper.core.host_family import HostDescriptor, SlotDescriptor, positions
-from esper.core.records import LifecycleRecord, SlotReport
+from esper.core.records import LifecycleRecord, SlotReport, occupies
 from esper.model import snapshot
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
 from esper.model.blending import BlendGate
@@ -88,6 +88,8 @@ class MorphogeneticModel(nn.Module):
             self._slot_after[offered[s].segment] = self._slot(s)
         self._germinations = dict.fromkeys(self.slot_ids, 0)
         self._grad_index: dict[tuple[object, ...], Tensor] = {}
+        self._numel_cache: int | None = None
+        self._ref_numel_cache: dict[str, int] = {}
         self._reporter: Reporter | None = None
         self.set_reporter(reporter)
 
@@ -249,6 +251,10 @@ class MorphogeneticModel(nn.Module):
     def slot_reports(self) -> tuple[SlotReport, ...]:
         return tuple(self._slot(s).report() for s in self.slot_ids)
 
+    def active_seeds(self) -> int:
+        """Slots holding a seed (those whose report is ``active``), without the reports."""
+        return sum(1 for s in self.slot_ids if occupies(self._slot(s).life.stage))
+
     def live_seed_slots(self) -> tuple[str, ...]:
         return tuple(s for s in self.slot_ids if self._slot(s).life.live)
 
@@ -264,7 +270,7 @@ class MorphogeneticModel(nn.Module):
         where = positions(len(segments), [self.positions[s].segment for s in self.slot_ids])
         return HostDescriptor(
             name=name,
-            params=sum(p.numel() for p in self.host.parameters()),
+            params=self._host_numel(),
             depth=sum(1 for seg in segments if any(True for _ in seg.parameters())),
             slots=tuple(
                 SlotDescriptor(slot_id=s, width=self.positions[s].width, position=pos)
@@ -273,7 +279,7 @@ class MorphogeneticModel(nn.Module):
         )
 
     def param_counts(self) -> ParamCounts:
-        host = sum(p.numel() for p in self.host.parameters())
+        host = self._host_numel()
         seeds = effective = 0.0
         for s in self.live_seed_slots():
             slot = self._slot(s)
@@ -321,7 +327,7 @@ class MorphogeneticModel(nn.Module):
         if len(flat) != expected:
             raise ValueError(f"expected {expected} gradient values, got {len(flat)}")
         for j, s in enumerate(self.slot_ids):
-            n_host = sum(p.numel() for p in self._host_ref_params(s))
+            n_host = self._ref_numel(s)
             seed_norm, host_norm = flat[GRAD_VALUES_PER_SLOT * j : GRAD_VALUES_PER_SLOT * (j + 1)]
             self._slot(s).record_gradients(seed_norm, host_norm, n_host)
 
@@ -349,6 +355,20 @@ class MorphogeneticModel(nn.Module):
         """Host parameters a slot's seed gradient is compared with (looked up live, so
         device moves that replace Parameter objects never leave a stale list)."""
         return list(self.host.segments[self.positions[slot_id].ref_segment].parameters())
+
+    def _host_numel(self) -> int:
+        """Host parameter count: shapes never change, so counted once (every step asks)."""
+        if self._numel_cache is None:
+            self._numel_cache = sum(p.numel() for p in self.host.parameters())
+        return self._numel_cache
+
+    def _ref_numel(self, slot_id: str) -> int:
+        """Parameter count of a slot's reference segment (fixed, like the host's)."""
+        n = self._ref_numel_cache.get(slot_id)
+        if n is None:
+            n = sum(p.numel() for p in self._host_ref_params(slot_id))
+            self._ref_numel_cache[slot_id] = n
+        return n
 
     def _germination_generator(self, slot_id: str) -> torch.Generator:
         """Per-(model seed, slot, germination count) generator: reproducible seeds."""

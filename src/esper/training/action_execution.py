@@ -23,12 +23,9 @@ class ActionOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _report(env: EnvState, slot_id: str | None) -> SlotReport | None:
-    if slot_id is None:
+    if slot_id is None or slot_id not in env.model.slot_ids:
         return None
-    for rep in env.model.slot_reports():
-        if rep.slot_id == slot_id:
-            return rep
-    return None
+    return env.model.slot(slot_id).report()
 
 
 def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:

@@ -217,7 +217,7 @@ class HostEnvs:
                 val_acc=env.val_acc,
                 val_loss=env.val_loss,
                 params=env.model.param_counts(),
-                active_seeds=sum(1 for r in env.model.slot_reports() if r.active),
+                active_seeds=env.model.active_seeds(),
                 episode=env.stats,
                 host=env.host.name if env.host is not None else "",
             )
