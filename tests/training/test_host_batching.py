@@ -237,6 +237,20 @@ def test_unbatchable_envs_train_alone(digits) -> None:
     assert [len(g) for g in group_envs(envs)] == [1, 1, 2]
 
 
+def test_host_key_is_kept_but_a_new_optimizer_still_counts(digits) -> None:
+    """The host part of the key is computed once per env; what can change within a round
+    (a seed optimizer that cannot be batched) is still read every time."""
+    env = _envs(digits)[0]
+    key = host_key(env)
+    assert key is not None and host_key(env) == key and env.host_signature == (key,)
+    slot = env.model.slot_ids[0]
+    extra = torch.nn.Parameter(torch.zeros(1))
+    env.seed_optimizers[slot] = torch.optim.Adam([extra])
+    assert host_key(env) is None
+    del env.seed_optimizers[slot]
+    assert host_key(env) == key
+
+
 def test_batched_runs_are_deterministic(digits) -> None:
     it = _iterator(digits[1])
     runs = []

@@ -96,6 +96,10 @@ class EnvState:
     #: The batched group's stacked storage this env's tensors live in (``run.batch_envs``;
     #: :class:`esper.training.host_store.HostStore`), or None.
     store: Any = None
+    #: :func:`esper.training.slot_groups.host_key`'s host part, once computed: the host,
+    #: its optimizer and device are fixed for an env's life (a round), so it is not
+    #: recomputed twice a step. A 1-tuple (the part may be None: not batchable).
+    host_signature: tuple[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.train_accum is None:

@@ -73,9 +73,18 @@ def _in_forward(slot: SeedSlot, train: bool) -> bool:
 
 def host_key(env: EnvState) -> Hashable | None:
     """Envs with equal keys share one batched host graph; None: only per env."""
-    owners = sgd_owners(env)
+    owners = sgd_owners(env)  # seed optimizers come and go: checked every time
     if env.scaler is not None or owners is None or env.model.topology != Topology.CNN:
         return None  # see host_batching.structure_key for each reason
+    if env.host_signature is None:
+        env.host_signature = (_host_signature(env, owners),)
+    return env.host_signature[0]
+
+
+def _host_signature(
+    env: EnvState, owners: dict[int, tuple[torch.optim.SGD, SgdSettings]]
+) -> Hashable | None:
+    """The host part of :func:`host_key`: shapes, dtypes, SGD settings, buffers, slots."""
     host = env.model.host
     params = tuple(
         (n, tuple(p.shape), p.dtype, p.requires_grad, owners.get(id(p), (None, None))[1])
