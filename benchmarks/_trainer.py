@@ -73,6 +73,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "run.episode_length": 5,
         "run.rounds": 1,
     },
+    # Next to no arithmetic (2-channel hosts, 8 images per env): what remains of a
+    # step is the per-env Python and op dispatch a GPU waits on, measured on any CPU.
+    # Not in the default set (use --tasks).
+    "digits_tiny": {
+        "task.name": "digits",
+        "host.base_channels": 2,
+        "task.train_samples_per_env": 8,
+        "task.batch_size": 8,
+        "task.val_samples": 8,
+        "run.episode_length": 20,
+        "run.rounds": 2,
+    },
 }
 #: --quick: seconds, for the smoke tests (the numbers mean nothing).
 QUICK: dict[str, Any] = {
