@@ -14,7 +14,7 @@
 # eager against a replayed CUDA graph and validation stacked against per env
 # (cuda_graphs.py), synchronising CUDA calls
 # per env-step (sync debug mode "warn"), AMP bf16/fp16 smoke runs, the CUDA-only tests,
-# a torch.profiler summary of a few batched steps.
+# a torch.profiler summary of a few batched steps, digits 4/16 and digits_tiny 16.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DEVICE=${DEVICE:-cuda}
@@ -67,6 +67,9 @@ step cuda_tests 90 python3 -m pytest -q -p no:cacheprovider tests/training/test_
     tests/training/test_ppo.py tests/training/test_buffer.py tests/policy/test_policy_network.py
 step eps_digits 90 python3 benchmarks/eps.py --device "$DEVICE" --tasks digits --n-envs 4,16 \
     --variants "$VARIANTS" --repeats 2 --out "$RESULTS/eps_digits" $Q
+# The CPU proxy of docs/batching.md (per-env Python and dispatch): does it track the GPU?
+step eps_tiny 60 python3 benchmarks/eps.py --device "$DEVICE" --tasks digits_tiny --n-envs 16 \
+    --variants "$VARIANTS" --repeats 1 --out "$RESULTS/eps_tiny" $Q
 if [[ -d .base/src ]]; then  # a copy of an earlier tree: the same EPS measured by turns
     step eps_base 100 env PYTHONPATH=".base/src:.base/analysis${PYTHONPATH#src:analysis}" \
         python3 benchmarks/eps.py --device "$DEVICE" --tasks synthetic_ref --n-envs 16 \

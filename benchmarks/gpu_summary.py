@@ -25,7 +25,7 @@ def _load(path: Path) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     root = Path((argv or sys.argv[1:])[0])
     rows = []
-    for name in ("eps_synthetic_ref", "eps_digits"):
+    for name in ("eps_synthetic_ref", "eps_digits", "eps_tiny"):
         data = _load(root / name / "eps.json")
         for r in (data or {}).get("results", []):
             rows.append(
