@@ -88,8 +88,11 @@ class MorphogeneticModel(nn.Module):
             self._slot_after[offered[s].segment] = self._slot(s)
         self._germinations = dict.fromkeys(self.slot_ids, 0)
         self._grad_index: dict[tuple[object, ...], Tensor] = {}
-        self._numel_cache: int | None = None
-        self._ref_numel_cache: dict[str, int] = {}
+        # Parameter counts: the host's shapes never change, and every step asks for them.
+        self._host_numel = sum(p.numel() for p in host.parameters())
+        self._ref_numel = {
+            s: sum(p.numel() for p in self._host_ref_params(s)) for s in self.slot_ids
+        }
         self._reporter: Reporter | None = None
         self.set_reporter(reporter)
 
@@ -270,7 +273,7 @@ class MorphogeneticModel(nn.Module):
         where = positions(len(segments), [self.positions[s].segment for s in self.slot_ids])
         return HostDescriptor(
             name=name,
-            params=self._host_numel(),
+            params=self._host_numel,
             depth=sum(1 for seg in segments if any(True for _ in seg.parameters())),
             slots=tuple(
                 SlotDescriptor(slot_id=s, width=self.positions[s].width, position=pos)
@@ -279,7 +282,7 @@ class MorphogeneticModel(nn.Module):
         )
 
     def param_counts(self) -> ParamCounts:
-        host = self._host_numel()
+        host = self._host_numel
         seeds = effective = 0.0
         for s in self.live_seed_slots():
             slot = self._slot(s)
@@ -327,7 +330,7 @@ class MorphogeneticModel(nn.Module):
         if len(flat) != expected:
             raise ValueError(f"expected {expected} gradient values, got {len(flat)}")
         for j, s in enumerate(self.slot_ids):
-            n_host = self._ref_numel(s)
+            n_host = self._ref_numel[s]
             seed_norm, host_norm = flat[GRAD_VALUES_PER_SLOT * j : GRAD_VALUES_PER_SLOT * (j + 1)]
             self._slot(s).record_gradients(seed_norm, host_norm, n_host)
 
@@ -355,20 +358,6 @@ class MorphogeneticModel(nn.Module):
         """Host parameters a slot's seed gradient is compared with (looked up live, so
         device moves that replace Parameter objects never leave a stale list)."""
         return list(self.host.segments[self.positions[slot_id].ref_segment].parameters())
-
-    def _host_numel(self) -> int:
-        """Host parameter count: shapes never change, so counted once (every step asks)."""
-        if self._numel_cache is None:
-            self._numel_cache = sum(p.numel() for p in self.host.parameters())
-        return self._numel_cache
-
-    def _ref_numel(self, slot_id: str) -> int:
-        """Parameter count of a slot's reference segment (fixed, like the host's)."""
-        n = self._ref_numel_cache.get(slot_id)
-        if n is None:
-            n = sum(p.numel() for p in self._host_ref_params(slot_id))
-            self._ref_numel_cache[slot_id] = n
-        return n
 
     def _germination_generator(self, slot_id: str) -> torch.Generator:
         """Per-(model seed, slot, germination count) generator: reproducible seeds."""
