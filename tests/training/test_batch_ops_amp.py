@@ -22,7 +22,7 @@ from esper.training.env_factory import EnvFactory
 def _germinated_env() -> tuple[object, torch.Tensor, torch.Tensor]:
     cfg = with_overrides(Config(), {"run.n_envs": 1, "task.name": "digits"})
     data = load_task(cfg.task, seed=0)
-    env = EnvFactory(cfg, data.spec).create_env(0, 0)
+    env = EnvFactory(cfg, data.spec).create_round(0)[0]
     slot = env.model.slot_ids[0]
     assert env.model.germinate(
         slot,

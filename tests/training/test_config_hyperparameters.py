@@ -208,7 +208,7 @@ def test_signal_thresholds_reach_every_env_tracker() -> None:
         {"policy": {"plateau_gain_pp": 2.0, "stabilise_gain_pp": 0.25, "stabilise_epochs": 4}},
         Config,
     )
-    tracker = EnvFactory(cfg, task_spec(cfg.task)).create_env(0, 0).tracker
+    tracker = EnvFactory(cfg, task_spec(cfg.task)).create_round(0)[0].tracker
     assert (tracker.plateau_gain_pp, tracker.stabilise_gain_pp, tracker.stabilise_epochs) == (
         2.0,
         0.25,

@@ -409,7 +409,7 @@ def test_param_cost_basis_blended_charges_only_what_reaches_the_output() -> None
         return compute_reward(inputs, rcfg, gamma=GAMMA).rent
 
     for basis in ParamCostBasis:
-        env = EnvFactory(cfg, data.spec).create_env(0, 0)
+        env = EnvFactory(cfg, data.spec).create_round(0)[0]
         slot = env.model.slot_ids[0]
         assert env.model.germinate(
             slot, "conv_heavy", GerminationStyle.LINEAR_ADD, 4, 1.0,

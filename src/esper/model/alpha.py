@@ -9,9 +9,13 @@ leave a floating-point residue (a "done" blend is exactly 1.0, a pruned one exac
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from esper.core.constants import SIGMOID_STEEPNESS
 from esper.core.enums import AlphaCurve, AlphaMode
+from esper.model.slot_table import MODE_CODE, MODES, Cell, Column, SlotTable, float_column, int_column
 
 ALPHA_MIN = 0.0
 ALPHA_MAX = 1.0
@@ -42,28 +46,34 @@ def curve_value(curve: AlphaCurve, progress: float) -> float:
     return (_logistic(k * (p - _HALF)) - lo) / (hi - lo)
 
 
-class AlphaController:
-    """Alpha, its start and target, mode, curve and step counters (one per slot)."""
+class AlphaController(Cell):
+    """Alpha, its start and target, mode, curve and step counters of one slot (a view of
+    one cell of a :class:`~esper.model.slot_table.SlotTable`; ``AlphaController(a)``
+    alone is a controller resting at ``a``)."""
 
-    __slots__ = (
-        "alpha",
-        "curve",
-        "last_delta",
-        "mode",
-        "start",
-        "steps_done",
-        "steps_total",
-        "target",
-    )
+    __slots__ = ()
 
-    def __init__(self, alpha: float = ALPHA_MIN) -> None:
-        self.alpha = alpha
-        self.start = alpha
-        self.target = alpha
-        self.mode = AlphaMode.HOLD
+    alpha = float_column("alpha")
+    start = float_column("alpha_start")
+    target = float_column("alpha_target")
+    mode: Column[AlphaMode] = Column("alpha_mode", MODES.__getitem__, MODE_CODE.__getitem__)
+    curve: Column[AlphaCurve] = Column("alpha_curve", AlphaCurve, int)
+    steps_total = int_column("alpha_steps_total")
+    steps_done = int_column("alpha_steps_done")
+    last_delta = float_column("alpha_last_delta")
+
+    def __init__(
+        self, alpha: float = ALPHA_MIN, *, table: SlotTable | None = None, row: int = 0,
+        col: int = 0,
+    ) -> None:  # fmt: skip
+        super().__init__(table, row, col)
+        if table is None:
+            self.reset(alpha)
+
+    def reset(self, alpha: float = ALPHA_MIN) -> None:
+        """At rest at ``alpha``, no ramp (a fresh controller)."""
+        self.force(alpha)
         self.curve = AlphaCurve.LINEAR
-        self.steps_total = 0
-        self.steps_done = 0
         self.last_delta = 0.0
 
     @property
@@ -73,7 +83,8 @@ class AlphaController:
     @property
     def progress(self) -> float:
         """Fraction of the current (or last) ramp completed; 1.0 when there was none."""
-        return self.steps_done / self.steps_total if self.steps_total else 1.0
+        total = self.steps_total
+        return self.steps_done / total if total else 1.0
 
     def retarget(self, target: float, steps: int, curve: AlphaCurve) -> None:
         """Start a ramp to ``target`` over ``steps`` ticks (0: jump at once).
@@ -89,33 +100,23 @@ class AlphaController:
             raise AlphaControllerError(f"alpha target {target} outside [0, 1]")
         if steps < 0:
             raise AlphaControllerError(f"alpha ramp length must be >= 0, got {steps}")
-        self.start = self.alpha
+        alpha = self.alpha
+        self.start = alpha
         self.target = target
         self.curve = curve
         self.steps_done = 0
-        if steps == 0 or target == self.alpha:
-            self.last_delta = target - self.alpha
+        if steps == 0 or target == alpha:
+            self.last_delta = target - alpha
             self.alpha = target
             self.steps_total = 0
             self.mode = AlphaMode.HOLD
             return
         self.steps_total = steps
-        self.mode = AlphaMode.UP if target > self.alpha else AlphaMode.DOWN
+        self.mode = AlphaMode.UP if target > alpha else AlphaMode.DOWN
 
     def step(self) -> float:
         """Advance one tick; returns the change in alpha (0 while at rest)."""
-        if self.at_rest:
-            self.last_delta = 0.0
-            return 0.0
-        before = self.alpha
-        self.steps_done += 1
-        if self.steps_done >= self.steps_total:
-            self.alpha = self.target  # snap: no residue from the curve arithmetic
-            self.mode = AlphaMode.HOLD
-        else:
-            frac = curve_value(self.curve, self.steps_done / self.steps_total)
-            self.alpha = self.start + (self.target - self.start) * frac
-        self.last_delta = self.alpha - before
+        step_alphas(self.table, (self.row, self.col))
         return self.last_delta
 
     def force(self, value: float) -> None:
@@ -127,3 +128,47 @@ class AlphaController:
         self.mode = AlphaMode.HOLD
         self.steps_total = 0
         self.steps_done = 0
+
+
+#: Ramps up to this many ticks take their curve values from one precomputed table
+#: (exactly :func:`curve_value`'s floats); longer ones (never the action space's) are
+#: computed cell by cell.
+CURVE_TABLE_STEPS = 32
+_CURVE_TABLE = np.array(
+    [
+        [
+            [curve_value(c, done / total) if total else 1.0 for done in range(CURVE_TABLE_STEPS + 1)]
+            for total in range(CURVE_TABLE_STEPS + 1)
+        ]
+        for c in AlphaCurve
+    ],
+    dtype=np.float64,
+)
+_HOLD = MODE_CODE[AlphaMode.HOLD]
+
+
+def step_alphas(t: SlotTable, where: Any) -> None:
+    """One tick of every alpha controller at ``where`` (an index into the table's
+    ``[env, slot]`` cells): :meth:`AlphaController.step`, over all of them at once."""
+    mode = t.alpha_mode[where]
+    moving = mode != _HOLD
+    before = t.alpha[where]
+    done = t.alpha_steps_done[where] + moving
+    total = t.alpha_steps_total[where]
+    finished = moving & (done >= total)
+    ramping = moving & ~finished
+    curve = t.alpha_curve[where]
+    inside = total <= CURVE_TABLE_STEPS
+    frac = _CURVE_TABLE[curve, np.minimum(total, CURVE_TABLE_STEPS), np.minimum(done, CURVE_TABLE_STEPS)]
+    if not np.all(inside | ~ramping):  # a ramp longer than the table: cell by cell
+        frac = np.where(
+            inside,
+            frac,
+            np.vectorize(lambda c, d, n: curve_value(AlphaCurve(int(c)), d / n))(curve, done, np.maximum(total, 1)),
+        )
+    start, target = t.alpha_start[where], t.alpha_target[where]
+    alpha = np.where(finished, target, np.where(ramping, start + (target - start) * frac, before))
+    t.alpha[where] = alpha
+    t.alpha_steps_done[where] = done
+    t.alpha_mode[where] = np.where(finished, _HOLD, mode)
+    t.alpha_last_delta[where] = np.where(moving, alpha - before, 0.0)

@@ -10,9 +10,18 @@ its other per-step values), so nothing here touches a device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import msgspec
+import numpy as np
+
+from esper.model.slot_table import (
+    METRICS_COLUMNS,
+    Cell,
+    SlotTable,
+    float_column,
+    int_column,
+)
 
 NAN = math.nan
 
@@ -62,19 +71,21 @@ def gradient_ratio(seed_norm: float, n_seed: int, host_norm: float, n_host: int)
     return seed_rms / host_rms
 
 
-@dataclass
-class SeedMetrics:
-    """What the gates, features and rewards measure about one seed."""
+class SeedMetrics(Cell):
+    """What the gates, features and rewards measure about one seed (a view of one cell
+    of a :class:`~esper.model.slot_table.SlotTable`)."""
 
-    acc_at_germination: float = NAN
-    acc_at_stage_start: float = NAN
-    last_acc: float = NAN
-    contribution: float = NAN
-    contribution_velocity: float = 0.0
-    epochs_since_contribution: int = -1
-    seed_grad_norm: float = NAN
-    grad_norm_ratio: float = NAN
-    grad_health: float = NAN
+    __slots__ = ()
+
+    acc_at_germination = float_column("acc_at_germination")
+    acc_at_stage_start = float_column("acc_at_stage_start")
+    last_acc = float_column("last_acc")
+    contribution = float_column("contribution")
+    contribution_velocity = float_column("contribution_velocity")
+    epochs_since_contribution = int_column("epochs_since_contribution")
+    seed_grad_norm = float_column("seed_grad_norm")
+    grad_norm_ratio = float_column("grad_norm_ratio")
+    grad_health = float_column("grad_health")
 
     @property
     def improvement(self) -> float:
@@ -85,10 +96,14 @@ class SeedMetrics:
     def contribution_measured(self) -> bool:
         return math.isfinite(self.contribution)
 
+    def reset(self) -> None:
+        """Nothing measured (a free slot)."""
+        self.table.reset(METRICS_COLUMNS, self.row, self.col)
+
     def start(self, acc: float) -> None:
         """A new seed: forget everything about the previous one."""
-        fresh = SeedMetrics(acc_at_germination=acc, acc_at_stage_start=acc, last_acc=acc)
-        self.__dict__.update(fresh.__dict__)
+        self.reset()
+        self.acc_at_germination = self.acc_at_stage_start = self.last_acc = acc
 
     def on_stage_start(self) -> None:
         self.acc_at_stage_start = self.last_acc
@@ -97,14 +112,7 @@ class SeedMetrics:
         self.last_acc = acc
 
     def record_contribution(self, contribution_pp: float) -> None:
-        prev = self.contribution
-        self.contribution_velocity = (
-            contribution_pp - prev
-            if math.isfinite(prev) and math.isfinite(contribution_pp)
-            else 0.0
-        )
-        self.contribution = contribution_pp
-        self.epochs_since_contribution = 0
+        record_contributions(self.table, (self.row, self.col), np.float64(contribution_pp))
 
     def record_gradients(
         self, seed_norm: float, n_seed: int, host_norm: float, n_host: int
@@ -114,5 +122,35 @@ class SeedMetrics:
         self.grad_norm_ratio = gradient_ratio(seed_norm, n_seed, host_norm, n_host)
 
     def tick(self) -> None:
-        if self.epochs_since_contribution >= 0:
-            self.epochs_since_contribution += 1
+        since = self.epochs_since_contribution
+        if since >= 0:
+            self.epochs_since_contribution = since + 1
+
+
+def record_contributions(t: SlotTable, where: Any, values: np.ndarray) -> None:
+    """:meth:`SeedMetrics.record_contribution` at every cell of ``where``."""
+    prev = t.contribution[where]
+    both = np.isfinite(prev) & np.isfinite(values)
+    t.contribution_velocity[where] = np.where(both, values - prev, 0.0)
+    t.contribution[where] = values
+    t.epochs_since_contribution[where] = 0
+
+
+def record_gradients(
+    t: SlotTable, where: Any, seed_norm: np.ndarray, host_norm: np.ndarray, n_host: np.ndarray
+) -> None:
+    """:meth:`SeedMetrics.record_gradients` at every cell of ``where`` (float64 norms;
+    the same arithmetic as :func:`gradient_health` and :func:`gradient_ratio`)."""
+    n_seed = t.n_params[where]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        seed_rms = np.where(n_seed > 0, seed_norm / np.sqrt(np.maximum(n_seed, 1)), NAN)
+        host_rms = np.where(n_host > 0, host_norm / np.sqrt(np.maximum(n_host, 1)), NAN)
+        usable = np.isfinite(seed_rms) & (seed_rms > 0.0)
+        vanishing = np.minimum(1.0, seed_rms / GRAD_VANISHING_RMS)
+        exploding = np.minimum(1.0, GRAD_EXPLODING_RMS / seed_rms)
+        health = np.where(usable, np.minimum(vanishing, exploding), 0.0)
+        ok = np.isfinite(host_rms) & np.isfinite(seed_rms) & (host_rms > 0.0)
+        ratio = np.where(ok, seed_rms / host_rms, NAN)
+    t.seed_grad_norm[where] = seed_norm
+    t.grad_health[where] = health
+    t.grad_norm_ratio[where] = ratio

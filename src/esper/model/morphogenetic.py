@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -24,7 +25,8 @@ from esper.core.enums import (
     Topology,
 )
 from esper.core.host_family import HostDescriptor, SlotDescriptor, positions
-from esper.core.records import LifecycleRecord, SlotReport, occupies
+from esper.core.constants import OCCUPYING
+from esper.core.records import LifecycleRecord, SlotReport
 from esper.model import snapshot
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
 from esper.model.blending import BlendGate
@@ -34,7 +36,10 @@ from esper.model.initialization import materialize
 from esper.model.memory_format import is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
+from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
+from esper.model.slot_table import STAGE_CODE, SlotTable, codes
+from esper.model.ticks import LIVE_CODES, tick_slots
 
 Reporter = Callable[[LifecycleRecord], None]
 
@@ -42,6 +47,8 @@ Reporter = Callable[[LifecycleRecord], None]
 GERMINATION_SEED_STRIDE = 1_000_033
 SLOT_SEED_STRIDE = 7_919
 _SEED_MODULUS = 2**63
+BLENDED_CODES = codes(BLENDED_STAGES, STAGE_CODE)
+OCCUPYING_CODES = codes(OCCUPYING, STAGE_CODE)
 #: Values per slot in :meth:`MorphogeneticModel.grad_norms`: [seed norm, host norm].
 GRAD_VALUES_PER_SLOT = 2
 
@@ -77,12 +84,25 @@ class MorphogeneticModel(nn.Module):
             p.slot_id for p in host.positions if p.slot_id in wanted
         )
         self.positions: dict[str, SlotPosition] = {s: offered[s] for s in self.slot_ids}
+        self.auto_advance = auto_advance
+        #: The slots' state: this model's own one-row table, or its row of a round's
+        #: (:meth:`bind_table`).
+        self.table = SlotTable(1, len(self.slot_ids))
+        self.row = 0
         self.slots = nn.ModuleDict(
             {
-                s: SeedSlot(s, offered[s].width, strict=strict_gates, auto_advance=auto_advance)
-                for s in self.slot_ids
+                s: SeedSlot(
+                    s,
+                    offered[s].width,
+                    strict=strict_gates,
+                    auto_advance=auto_advance,
+                    table=self.table,
+                    col=j,
+                )
+                for j, s in enumerate(self.slot_ids)
             }
         )
+        self._by_col = [self._slot(s) for s in self.slot_ids]
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
         for s in self.slot_ids:
             self._slot_after[offered[s].segment] = self._slot(s)
@@ -139,13 +159,26 @@ class MorphogeneticModel(nn.Module):
         logits = self.forward(xs, per_sample)
         return logits.view(k, b, *logits.shape[1:])
 
+    def bind_table(self, table: SlotTable, row: int) -> None:
+        """Keep the slots' state in row ``row`` of ``table`` (a round's table: the
+        trainer's vectorised step reads and writes every env's slots there)."""
+        for j, slot in enumerate(self._by_col):
+            slot.bind(table, row, j)
+        self.table, self.row = table, row
+
+    def slot_at(self, col: int) -> SeedSlot:
+        """The slot of table column ``col`` (the slot order)."""
+        return self._by_col[col]
+
     def current_alphas(self) -> Tensor:
         """Effective alpha of every slot now (CPU float32 [n_slots]; 0 where not blended)."""
         return torch.tensor(self.alpha_values())
 
     def alpha_values(self) -> list[float]:
         """:meth:`current_alphas` as host floats (no tensor: batched passes pack them)."""
-        return [self._slot(s).effective_alpha for s in self.slot_ids]
+        t, row = self.table, self.row
+        blended = np.isin(t.stage[row], BLENDED_CODES)
+        return [float(a) for a in np.where(blended, t.alpha[row], ALPHA_MIN)]
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -243,8 +276,14 @@ class MorphogeneticModel(nn.Module):
 
     def tick(self, val_acc: float) -> None:
         """Per-epoch tick of every slot (``val_acc`` in percent)."""
-        for s in self.slot_ids:
-            self._slot(s).tick(val_acc)
+        rows = np.array([self.row])
+        tick_slots(
+            self.table,
+            rows,
+            np.array([val_acc], dtype=np.float64),
+            lambda _row, col: self._by_col[col],
+            auto_advance=self.auto_advance,
+        )
 
     def record_contribution(self, slot_id: str, contribution_pp: float) -> None:
         self._slot(slot_id).record_contribution(contribution_pp)
@@ -256,10 +295,11 @@ class MorphogeneticModel(nn.Module):
 
     def active_seeds(self) -> int:
         """Slots holding a seed (those whose report is ``active``), without the reports."""
-        return sum(1 for s in self.slot_ids if occupies(self._slot(s).life.stage))
+        return int(np.isin(self.table.stage[self.row], OCCUPYING_CODES).sum())
 
     def live_seed_slots(self) -> tuple[str, ...]:
-        return tuple(s for s in self.slot_ids if self._slot(s).life.live)
+        live = np.isin(self.table.stage[self.row], LIVE_CODES)
+        return tuple(s for s, on in zip(self.slot_ids, live.tolist(), strict=True) if on)
 
     def host_parameters(self) -> list[nn.Parameter]:
         return list(self.host.parameters())

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from esper.core.constants import G2_MIN_TRAINING_EPOCHS, STYLE_BLEND, STYLE_CURVE
+from esper.core.constants import STYLE_BLEND, STYLE_CURVE
 from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
 from esper.core.records import (
     GateRecord,
@@ -35,6 +35,14 @@ from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
 from esper.model.blending import BlendGate, blend, straight_through
 from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
 from esper.model.metrics import SeedMetrics
+from esper.model.slot_table import (
+    COLUMNS,
+    INITIATOR_CODE,
+    INITIATORS,
+    LIFECYCLE_COLUMNS,
+    METRICS_COLUMNS,
+    SlotTable,
+)
 
 Emit = Callable[[LifecycleRecord], None]
 
@@ -50,7 +58,15 @@ class SeedSlot(nn.Module):
     gate: BlendGate | None
 
     def __init__(
-        self, slot_id: str, width: int, *, strict: bool = False, auto_advance: bool = False
+        self,
+        slot_id: str,
+        width: int,
+        *,
+        strict: bool = False,
+        auto_advance: bool = False,
+        table: SlotTable | None = None,
+        row: int = 0,
+        col: int = 0,
     ) -> None:
         super().__init__()
         self.slot_id = slot_id
@@ -59,12 +75,30 @@ class SeedSlot(nn.Module):
         self.auto_advance = auto_advance
         self.register_module("seed", None)
         self.register_module("gate", None)
-        self.life = SeedLifecycle()
-        self.alpha = AlphaController()
-        self.metrics = SeedMetrics()
-        self.n_params = 0
+        table = SlotTable(1, 1) if table is None else table
+        self.life = SeedLifecycle(table, row, col)
+        self.alpha = AlphaController(table=table, row=row, col=col)
+        self.metrics = SeedMetrics(table, row, col)
         self.emit: Emit = _discard
-        self._prune_initiator = Initiator.SYSTEM
+
+    def bind(self, table: SlotTable, row: int, col: int) -> None:
+        """Keep this slot's state in another table's cell (copied there first)."""
+        old = self.life
+        for name in COLUMNS:
+            getattr(table, name)[row, col] = getattr(old.table, name)[old.row, old.col]
+        for view in (self.life, self.alpha, self.metrics):
+            view.bind(table, row, col)
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the seed (and its blend gate) while one is installed."""
+        life = self.life
+        return int(life.table.n_params[life.row, life.col])
+
+    @n_params.setter
+    def n_params(self, value: int) -> None:
+        life = self.life
+        life.table.n_params[life.row, life.col] = value
 
     # --- forward ---------------------------------------------------------------------
 
@@ -160,7 +194,7 @@ class SeedSlot(nn.Module):
         self.seed = seed
         self.gate = gate
         self.n_params = sum(p.numel() for p in self.seed_parameters())
-        self.alpha = AlphaController()
+        self.alpha.reset()
         self.metrics.start(current_acc)
         self._emit_stage(SeedStage.DORMANT, spent, initiator)
         self.emit(
@@ -225,7 +259,7 @@ class SeedSlot(nn.Module):
             self._move(SeedStage.BLENDING, initiator)
         self.alpha.retarget(ALPHA_MIN, speed, curve)
         life.scheduled_prune = True
-        self._prune_initiator = initiator
+        life.table.prune_initiator[life.row, life.col] = INITIATOR_CODE[initiator]
         self._set_trainable(False)
         return True
 
@@ -258,38 +292,19 @@ class SeedSlot(nn.Module):
         )
         return True
 
-    def tick(self, val_acc: float) -> None:
-        """One epoch: ages, alpha controller, scheduled prune completion, cooldown."""
+    def finish_cooldown(self) -> None:
+        """The cooldown stage changes its counter is due (after the vectorised tick moved
+        it; :func:`esper.model.ticks.tick_slots`), reported one by one."""
         life = self.life
-        if not life.live:
-            seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
-            for src, dst, spent in life.cooldown_tick():
-                self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
-            if life.stage == SeedStage.DORMANT:
-                self.metrics = SeedMetrics()  # a free slot reports nothing measured
-            return
-        life.age_epochs += 1
-        life.epochs_in_stage += 1
-        self.metrics.observe_acc(val_acc)
-        self.metrics.tick()
-        self.alpha.step()
-        if life.scheduled_prune and self.alpha.at_rest:
-            self._prune_now(PruneReason.SCHEDULED_COMPLETE, self._prune_initiator, scheduled=True)
-        elif self.auto_advance and self._advance_due():
-            self.advance(Initiator.SYSTEM)
+        seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
+        for src, dst, spent in life.cooldown_moves():
+            self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
 
-    def _advance_due(self) -> bool:
-        """Auto-advance: a gate is tried once its timing rules can pass (G1 at once, G2
-        after the minimum training epochs, G3 once the blend rests at alpha 1); its
-        other checks (gradient health, strict extras) still decide."""
-        stage = self.life.stage
-        if stage == SeedStage.GERMINATED:
-            return True
-        if stage == SeedStage.TRAINING:
-            return self.life.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS
-        if stage == SeedStage.BLENDING:
-            return self.alpha.at_rest and self.alpha.target == ALPHA_MAX
-        return False
+    def complete_scheduled_prune(self) -> None:
+        """A scheduled prune's ramp came to rest at alpha 0: prune now."""
+        life = self.life
+        initiator = INITIATORS[int(life.table.prune_initiator[life.row, life.col])]
+        self._prune_now(PruneReason.SCHEDULED_COMPLETE, initiator, scheduled=True)
 
     def record_contribution(self, contribution_pp: float) -> None:
         if self.life.live:
@@ -312,18 +327,21 @@ class SeedSlot(nn.Module):
         """Put a fossilized seed back from a snapshot (a restore, not a transition)."""
         self.seed = seed
         self.gate = gate
-        self.life = life
-        self.metrics = metrics
+        own = self.life
+        for group, view in ((LIFECYCLE_COLUMNS, life), (METRICS_COLUMNS, metrics)):
+            for name in group:
+                column = getattr(own.table, name)
+                column[own.row, own.col] = getattr(view.table, name)[view.row, view.col]
         self.n_params = sum(p.numel() for p in self.seed_parameters())
-        self.alpha = AlphaController(ALPHA_MAX)
+        self.alpha.reset(ALPHA_MAX)
 
     def clear_for_restore(self) -> None:
         """Empty the slot without a transition (the snapshot predates its seed)."""
         self.seed = None
         self.gate = None
         self.life.clear()
-        self.metrics = SeedMetrics()
-        self.alpha = AlphaController()
+        self.metrics.reset()
+        self.alpha.reset()
         self.n_params = 0
 
     # --- internals -------------------------------------------------------------------

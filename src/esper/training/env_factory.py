@@ -20,6 +20,7 @@ from esper.errors import ConfigError
 from esper.model import MorphogeneticModel, build_model
 from esper.policy.signals import SignalTracker
 from esper.training.env_state import EnvState
+from esper.training.env_table import EnvTable
 from esper.training.governor import Governor
 
 
@@ -92,11 +93,13 @@ class EnvFactory:
         self.env_offset = env_offset
 
     def create_round(self, rnd: int) -> list[EnvState]:
-        return [self.create_env(rnd, i) for i in range(self.cfg.run.n_envs)]
+        """The round's envs, their state in one fresh :class:`EnvTable`."""
+        models = [self._model(rnd, i) for i in range(self.cfg.run.n_envs)]
+        table = EnvTable.for_round(self.cfg, self.spec, len(models[0][1].slot_ids))
+        return [self.create_env(table, i, *built) for i, built in enumerate(models)]
 
-    def create_env(self, rnd: int, local: int) -> EnvState:
-        """Env ``local`` of this process; seeded and named by its global index."""
-        device = self.devices[local]
+    def _model(self, rnd: int, local: int) -> tuple[str, MorphogeneticModel]:
+        """Env ``local``'s host (its family member's name, or "")."""
         index = self.env_offset + local
         name, host = member_host(self.cfg, rnd, index)
         model = build_model(
@@ -105,11 +108,26 @@ class EnvFactory:
             seed=env_seed(self.cfg.run.seed, rnd, index),
             strict_gates=self.cfg.host.strict_gates,
         )
+        return name, model
+
+    def create_env(
+        self, table: EnvTable, local: int, name: str, model: MorphogeneticModel
+    ) -> EnvState:
+        """Env ``local`` of this process (row ``local`` of ``table``); seeded and named by
+        its global index."""
+        device = self.devices[local]
+        index = self.env_offset + local
+        model.bind_table(table.slots, local)
         descriptor = model.describe(name)
         model = model.to(device, non_blocking=True)
         if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        governor = Governor(self.cfg.governor, random_guess_loss=self.spec.random_guess_loss)
+        governor = Governor(
+            self.cfg.governor,
+            random_guess_loss=self.spec.random_guess_loss,
+            guard=table.guard,
+            row=local,
+        )
         use_cuda = device.type == "cuda"
         env = EnvState(
             index=index,
@@ -119,11 +137,9 @@ class EnvFactory:
             host_cfg=self.cfg.host,
             host=descriptor,
             governor=governor,
-            tracker=SignalTracker(
-                plateau_gain_pp=self.cfg.policy.plateau_gain_pp,
-                stabilise_gain_pp=self.cfg.policy.stabilise_gain_pp,
-                stabilise_epochs=self.cfg.policy.stabilise_epochs,
-            ),
+            tracker=SignalTracker(table=table.signals, row=local),
+            table=table,
+            row=local,
             stream=torch.cuda.Stream(device=device) if use_cuda else None,  # type: ignore[no-untyped-call]
             scaler=(
                 torch.amp.GradScaler("cuda")

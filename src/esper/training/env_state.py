@@ -15,12 +15,9 @@ import torch
 from esper.config import HostConfig
 from esper.core.host_family import HostDescriptor
 from esper.core.layout import Layout
-from esper.core.records import (
-    LifecycleRecord,
-    SeedFossilizedRecord,
-    SeedGerminatedRecord,
-    SeedPrunedRecord,
-)
+from esper.core.records import LifecycleRecord
+from esper.core.columns import RowField
+from esper.training.env_table import EnvTable, EpisodeStats
 
 #: ``EnvState.train_accum``: the train pass's running sums, on device.
 TRAIN_ACCUM = Layout(("loss_sum", 1), ("correct", 1), ("count", 1))
@@ -29,26 +26,6 @@ if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
     from esper.policy.signals import SignalTracker
     from esper.training.governor import Governor
-
-
-@dataclass
-class EpisodeStats:
-    """What ``episode_finished`` reports; reset with each fresh env."""
-
-    reward_sum: float = 0.0
-    seeds_germinated: int = 0
-    seeds_fossilized: int = 0
-    seeds_pruned: int = 0
-    rollbacks: int = 0
-    rollback_penalty: float = 0.0
-
-    def count(self, rec: LifecycleRecord) -> None:
-        if isinstance(rec, SeedGerminatedRecord):
-            self.seeds_germinated += 1
-        elif isinstance(rec, SeedFossilizedRecord):
-            self.seeds_fossilized += 1
-        elif isinstance(rec, SeedPrunedRecord):
-            self.seeds_pruned += 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +46,10 @@ class EnvState:
     host_optimizer: torch.optim.Optimizer
     governor: Governor
     tracker: SignalTracker
+    #: The round's :class:`~esper.training.env_table.EnvTable` and this env's row of it:
+    #: where its metrics, signals, reward memory and episode totals live.
+    table: EnvTable
+    row: int
     seed_optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
     #: The host's training settings (``[host]``): seed optimizers are made from it.
     host_cfg: HostConfig = field(default_factory=HostConfig)
@@ -78,21 +59,10 @@ class EnvState:
     scaler: torch.amp.GradScaler | None = None
     #: Lifecycle records reported by the model since the last drain (the model's callback).
     pending: list[LifecycleRecord] = field(default_factory=list)
-    stats: EpisodeStats = field(default_factory=EpisodeStats)
     # Device accumulators for one train epoch: [loss_sum, correct, count].
     train_accum: torch.Tensor | None = None
     # Gradient norms of the last train batch (device tensor from ``model.grad_norms()``).
     last_grad_norms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    # Host-side signals of the previous step, used by rewards and features.
-    prev_val_acc: float = math.nan
-    prev_val_loss: float = math.nan
-    val_acc: float = math.nan
-    val_loss: float = math.nan
-    #: The previous step's reward memory (see :func:`step_rewards.build_reward_inputs`).
-    reward_memory: RewardMemory = field(default_factory=RewardMemory)
-    last_op: int = 0
-    last_success: bool = True
-    seed_counter: int = 0
     #: The batched group's stacked storage this env's tensors live in (``run.batch_envs``;
     #: :class:`esper.training.host_store.HostStore`), or None.
     store: Any = None
@@ -100,6 +70,40 @@ class EnvState:
     #: its optimizer and device are fixed for an env's life (a round), so it is not
     #: recomputed twice a step. A 1-tuple (the part may be None: not batchable).
     host_signature: tuple[Any] | None = None
+
+    # Host-side signals of the previous step, used by rewards and features.
+    val_acc = RowField("val_acc", float)
+    val_loss = RowField("val_loss", float)
+    prev_val_acc = RowField("prev_val_acc", float)
+    prev_val_loss = RowField("prev_val_loss", float)
+    last_op = RowField("last_op", int)
+    last_success = RowField("last_success", bool)
+    seed_counter = RowField("seed_counter", int)
+
+    @property
+    def stats(self) -> EpisodeStats:
+        return EpisodeStats(self.table, self.row)
+
+    @property
+    def reward_memory(self) -> RewardMemory:
+        """The previous step's reward memory (see :mod:`esper.training.step_rewards`)."""
+        t, i = self.table, self.row
+        if not t.memory_set[i]:
+            return RewardMemory()
+        return RewardMemory(
+            alphas=tuple(t.memory_alphas[i].tolist()),
+            potential=float(t.memory_potential[i]),
+            seed_params=int(t.memory_seed_params[i]),
+        )
+
+    @reward_memory.setter
+    def reward_memory(self, memory: RewardMemory) -> None:
+        t, i = self.table, self.row
+        t.memory_set[i] = bool(memory.alphas)
+        if memory.alphas:
+            t.memory_alphas[i] = memory.alphas
+        t.memory_potential[i] = memory.potential
+        t.memory_seed_params[i] = memory.seed_params
 
     def __post_init__(self) -> None:
         if self.train_accum is None:
@@ -117,10 +121,10 @@ class EnvState:
         # Cleared in place: the model's reporter holds a bound ``pending.append``.
         records = list(self.pending)
         self.pending.clear()
-        for rec in records:
-            self.stats.count(rec)
+        self.table.count(self.row, records)
         return records
 
     def next_seed_id(self) -> str:
-        self.seed_counter += 1
-        return f"e{self.index}s{self.seed_counter}"
+        counter = self.seed_counter + 1
+        self.seed_counter = counter
+        return f"e{self.index}s{counter}"

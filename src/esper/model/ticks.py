@@ -1,0 +1,86 @@
+"""The per-epoch tick of seed slots, over many envs' slots at once.
+
+Every slot ages, its alpha ramp moves, its measurements age and a pruned slot's
+cooldown counts down: array updates over a :class:`~esper.model.slot_table.SlotTable`'s
+rows. What changes a stage (a cooldown step, a scheduled prune coming to rest, an
+auto-advance gate) is rare and must be reported, so it runs per cell through the slot
+objects, in (env, slot) order, on the cells that need it only.
+
+A model's own :meth:`~esper.model.morphogenetic.MorphogeneticModel.tick` is this
+function on its one row; the trainer calls it once for every env of a round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from esper.core.constants import G2_MIN_TRAINING_EPOCHS
+from esper.core.enums import AlphaMode, Initiator, SeedStage
+from esper.model.alpha import ALPHA_MAX, step_alphas
+from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_STAGES, cooldown_stage_codes
+from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, codes
+
+if TYPE_CHECKING:
+    from esper.model.slot import SeedSlot
+
+#: The slot object of table cell (row, col): what the per-cell work goes through.
+SlotOf = Callable[[int, int], "SeedSlot"]
+
+LIVE_CODES = codes(LIVE_STAGES, STAGE_CODE)
+COOLDOWN_CODES = codes(COOLDOWN_STAGES, STAGE_CODE)
+_DORMANT = STAGE_CODE[SeedStage.DORMANT]
+_GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
+_TRAINING = STAGE_CODE[SeedStage.TRAINING]
+_BLENDING = STAGE_CODE[SeedStage.BLENDING]
+_HOLD = MODE_CODE[AlphaMode.HOLD]
+
+
+def advance_due(t: SlotTable, rows: np.ndarray) -> np.ndarray:
+    """Auto-advance: cells whose gate's timing rules can pass (G1 at once, G2 after the
+    minimum training epochs, G3 once the blend rests at alpha 1); the gate's other
+    checks (gradient health, strict extras) still decide."""
+    stage = t.stage[rows]
+    at_rest = t.alpha_mode[rows] == _HOLD
+    due: np.ndarray = (
+        (stage == _GERMINATED)
+        | ((stage == _TRAINING) & (t.epochs_in_stage[rows] >= G2_MIN_TRAINING_EPOCHS))
+        | ((stage == _BLENDING) & at_rest & (t.alpha_target[rows] == ALPHA_MAX))
+    )
+    return due
+
+
+def tick_slots(
+    t: SlotTable, rows: np.ndarray, val_acc: np.ndarray, slot_of: SlotOf, *, auto_advance: bool
+) -> None:
+    """One epoch for every slot of ``rows`` (``val_acc[i]``: row i's accuracy, percent)."""
+    stage = t.stage[rows]
+    live = np.isin(stage, LIVE_CODES)
+    cool = np.isin(stage, COOLDOWN_CODES)
+    # The cooldown counts down; live seeds age and observe the epoch.
+    t.cooldown_remaining[rows] -= cool
+    t.epochs_in_stage[rows] += cool | live
+    t.age_epochs[rows] += live
+    t.last_acc[rows] = np.where(live, val_acc[:, None], t.last_acc[rows])
+    since = t.epochs_since_contribution[rows]
+    t.epochs_since_contribution[rows] = np.where(live & (since >= 0), since + 1, since)
+    r, c = np.nonzero(live)
+    step_alphas(t, (rows[r], c))
+    # Stage changes, cell by cell in (env, slot) order.
+    moves = cool & (cooldown_stage_codes(t.cooldown_remaining[rows]) != stage)
+    pruning = live & t.scheduled_prune[rows] & (t.alpha_mode[rows] == _HOLD)
+    advancing = live & ~pruning & advance_due(t, rows) if auto_advance else np.zeros_like(live)
+    for i, j in zip(*np.nonzero(moves | pruning | advancing), strict=True):
+        slot = slot_of(int(rows[i]), int(j))
+        if moves[i, j]:
+            slot.finish_cooldown()
+        elif pruning[i, j]:
+            slot.complete_scheduled_prune()
+        else:
+            slot.advance(Initiator.SYSTEM)
+    # A free slot reports nothing measured.
+    freed = ~live & (t.stage[rows] == _DORMANT)
+    r, c = np.nonzero(freed)
+    t.reset(METRICS_COLUMNS, rows[r], c)

@@ -1,0 +1,116 @@
+"""The state of a round's envs as arrays: one row per env.
+
+Why: a step's bookkeeping (metrics, signals, the governor's watch, the reward's memory,
+episode totals) is the same few numbers for every env, so it is kept as columns and
+updated with array expressions over all envs at once; per-env Python runs only where a
+model's structure changes. Each :class:`~esper.training.env_state.EnvState` reads and
+writes its own row (its properties), for the per-env code paths (lifecycle operations
+on the envs that act, rollbacks, tests).
+
+The seed slots' state is the :class:`~esper.model.slot_table.SlotTable` ``slots``; the
+policy's signals are :class:`~esper.policy.signals.Signals`, the governor's watch a
+:class:`~esper.training.governor.Guard`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from esper.core.records import (
+    LifecycleRecord,
+    SeedFossilizedRecord,
+    SeedGerminatedRecord,
+    SeedPrunedRecord,
+)
+from esper.model.slot_table import SlotTable
+from esper.policy.signals import Signals
+
+if TYPE_CHECKING:
+    from esper.config import Config
+    from esper.data.tasks import TaskSpec
+    from esper.training.governor import Guard
+
+#: Episode totals (``episode_finished``): float columns, then int columns.
+EPISODE_FLOATS = ("reward_sum", "rollback_penalty")
+EPISODE_INTS = ("seeds_germinated", "seeds_fossilized", "seeds_pruned", "rollbacks")
+#: Which lifecycle record counts into which episode total.
+COUNTED: dict[type, str] = {
+    SeedGerminatedRecord: "seeds_germinated",
+    SeedFossilizedRecord: "seeds_fossilized",
+    SeedPrunedRecord: "seeds_pruned",
+}
+
+
+class EnvTable:
+    """Every env of a round: ``n`` rows, ``n_slots`` seed slots each."""
+
+    def __init__(self, n: int, n_slots: int, *, signals: Signals, guard: Guard) -> None:
+        self.n = n
+        self.slots = SlotTable(n, n_slots)
+        self.signals = signals
+        self.guard = guard
+        # The last two validations (accuracy in percent).
+        self.val_acc = np.full(n, math.nan)
+        self.val_loss = np.full(n, math.nan)
+        self.prev_val_acc = np.full(n, math.nan)
+        self.prev_val_loss = np.full(n, math.nan)
+        # The last action and whether it took effect (observed by the policy).
+        self.last_op = np.zeros(n, dtype=np.int64)
+        self.last_success = np.ones(n, dtype=bool)
+        self.seed_counter = np.zeros(n, dtype=np.int64)
+        # The reward's memory of the previous step (shaping telescopes across steps).
+        self.memory_set = np.zeros(n, dtype=bool)
+        self.memory_alphas = np.zeros((n, n_slots))
+        self.memory_potential = np.zeros(n)
+        self.memory_seed_params = np.zeros(n, dtype=np.int64)
+        # Episode totals.
+        self.episode: dict[str, np.ndarray] = {
+            **{k: np.zeros(n) for k in EPISODE_FLOATS},
+            **{k: np.zeros(n, dtype=np.int64) for k in EPISODE_INTS},
+        }
+
+    @classmethod
+    def for_round(cls, cfg: Config, spec: TaskSpec, n_slots: int) -> EnvTable:
+        """A fresh table for ``cfg``'s envs (signals and governor as configured)."""
+        from esper.training.governor import Guard
+
+        n = cfg.run.n_envs
+        signals = Signals(
+            n,
+            plateau_gain_pp=cfg.policy.plateau_gain_pp,
+            stabilise_gain_pp=cfg.policy.stabilise_gain_pp,
+            stabilise_epochs=cfg.policy.stabilise_epochs,
+        )
+        guard = Guard(n, cfg.governor, random_guess_loss=spec.random_guess_loss)
+        return cls(n, n_slots, signals=signals, guard=guard)
+
+    def count(self, row: int, records: list[LifecycleRecord]) -> None:
+        """Count an env's lifecycle records into its episode totals."""
+        for rec in records:
+            name = COUNTED.get(type(rec))
+            if name is not None:
+                self.episode[name][row] += 1
+
+
+class EpisodeStats:
+    """One env's episode totals (a view of its row of :attr:`EnvTable.episode`)."""
+
+    def __init__(self, table: EnvTable, row: int) -> None:
+        self._episode = table.episode
+        self._row = row
+
+    def __getattr__(self, name: str) -> Any:
+        column = self.__dict__["_episode"].get(name)
+        if column is None:
+            raise AttributeError(name)
+        value = column[self.__dict__["_row"]]
+        return float(value) if name in EPISODE_FLOATS else int(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        self._episode[name][self._row] = value
