@@ -1,8 +1,10 @@
 """Hot-path discipline: no device syncs inside per-env or per-batch loops.
 
 An AST lint over the trainer modules: any call to ``.item()``, ``.cpu()``, ``.tolist()``
-or ``.numpy()`` lexically inside a ``for``/``while`` loop or a comprehension fails the
-test, naming file and line. Syncs belong after the loop, once per pass.
+or ``.numpy()`` lexically inside a ``for``/``while`` loop or a comprehension (what runs
+per item, not the expression a loop iterates over, which runs once) fails the test,
+naming file and line. Syncs belong after the loop, once per pass. (The runtime guard is
+``tests/training/test_sync_guard.py``; this catches paths a short run does not reach.)
 """
 
 from __future__ import annotations
@@ -61,9 +63,23 @@ def sync_calls_in_loops(source: str) -> list[tuple[int, str]]:
         ):
             found.append((node.lineno, node.func.attr))
         inner = in_loop or isinstance(node, LOOPS)
+        # What a loop iterates over is evaluated once, before it: a for's ``iter``, and a
+        # comprehension's first ``iter`` (the later ones run per item of the first).
+        once: ast.AST | None = None
+        if isinstance(node, ast.For | ast.AsyncFor):
+            once = node.iter
+        elif isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            first = node.generators[0]
+            visit(first.iter, in_loop)
+            for child in ast.iter_child_nodes(first):
+                if child is not first.iter:
+                    visit(child, inner)
+            once = first  # visited above
         # A nested function body defined inside a loop is still executed per iteration.
         for child in ast.iter_child_nodes(node):
-            visit(child, inner)
+            if child is once and isinstance(child, ast.comprehension):
+                continue
+            visit(child, in_loop if child is once else inner)
 
     visit(tree, False)
     return found

@@ -208,3 +208,33 @@ def test_with_settings_runs_a_script_with_its_own_arguments(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "cuda_graphs.json").read_text())
     assert [r["layout"] for r in data["rows"]] == ["host"]
+
+
+def test_host_work_measures_both_trees_by_turns(tmp_path: Path) -> None:
+    """Calls, loops, CPU share, launches and transfers of the working tree and of HEAD
+    (exported with git archive); where the measured parts are as committed, the
+    deterministic counts of the two trees agree exactly."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout (--ref needs one)")
+    data = run_script("host_work", tmp_path, "--variants", "batched", "--ref", "HEAD")
+    assert [t["label"] for t in data["trees"]] == ["working", "HEAD"]
+    rows = {r["tree"]: r for r in data["results"]}
+    assert list(rows) == ["working", "HEAD"]
+    for r in rows.values():
+        assert (r["variant"], r["n_envs"]) == ("batched", 2)
+        assert positive(r["calls_per_env_step"]) and positive(r["transfers_per_step"])
+        assert r["top_functions"] and all(positive(f["per_env_step"]) for f in r["top_functions"])
+        loops = r["loops"]  # the loops that grow with n_envs are some of all the loops
+        assert loops["loop_iterations_per_env_step"] >= 0
+        assert loops["loop_iterations_per_env_step"] <= loops["all_loop_iterations_per_env_step"]
+        assert 0 < r["outside_share"] < 1  # the capturable bodies were found and timed
+        assert sum(r["timing"][0]["bodies_us_per_env_step"].values()) > 0
+        assert positive(r["launches"]["launches_per_env_step"])
+        assert r["launches"]["syncs_per_env_step"] >= 0
+    if not data["trees"][0]["dirty"]:  # same code: the counts are deterministic
+        work, ref = rows["working"], rows["HEAD"]
+        for key in ("calls_per_env_step", "transfers_per_step", "top_functions", "loops"):
+            assert work[key] == ref[key], key
+        for key in ("launches_per_env_step", "syncs_per_env_step"):
+            assert work["launches"][key] == ref["launches"][key], key

@@ -9,18 +9,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from esper.config import Config, with_overrides
 from esper.core.enums import AmpMode, Initiator, LifecycleOp, RollbackReason, TelemetryLevel
-from esper.core.records import CounterfactualRecord, RollbackRecord, make_breakdown
+from esper.core.records import REWARD_COMPONENTS, RollbackRecord
 from esper.data.tasks import load_task
-from esper.policy.actions import DecodedAction
+from esper.policy.actions import DecodedAction, encode_action
 from esper.telemetry.events import event_tag
 from esper.telemetry.hub import MemoryHub
-from esper.training.batch_ops import EnvStepStats
-from esper.training.env_results import EnvEpoch, EnvTransition, PhaseTimes, Rollback
+from esper.training.batch_ops import StepStats
+from esper.training.counterfactual import Attribution
+from esper.training.env_results import Epoch, PhaseTimes, Rollback, Transitions
 from esper.training.envs import HostEnvs
 from esper.training.faults import Fault, FaultKind, FaultPlan
 from esper.training.recorder import Recorder
@@ -59,79 +61,77 @@ def _germinate(envs: HostEnvs) -> DecodedAction:
     return DecodedAction(op=LifecycleOp.GERMINATE, slot_id=slot, blueprint="conv_light")
 
 
+def _heads(envs: HostEnvs, actions: list[DecodedAction]) -> np.ndarray:
+    """The actions as the policy's head indices [N, H]."""
+    return np.array([encode_action(a, envs.space) for a in actions], dtype=np.int64)
+
+
+WAIT = DecodedAction(op=LifecycleOp.WAIT)
+
+
 def test_host_envs_step_through_an_episode_with_data_only() -> None:
     envs = _envs(_config())
     assert not hasattr(envs, "hub")
     envs.reset(0)
+    totals = np.zeros(N_ENVS)
     for step in range(HORIZON):
-        epochs = envs.advance(0, step, PhaseTimes())
-        assert [e.index for e in epochs] == list(range(N_ENVS))
-        assert all(0.0 <= e.stats.val_acc <= 100.0 and e.rollback is None for e in epochs)
+        epoch = envs.advance(0, step, PhaseTimes())
+        assert ((epoch.stats.val_acc >= 0.0) & (epoch.stats.val_acc <= 100.0)).all()
+        assert epoch.rollbacks == [] and epoch.stats.val_acc.shape == (N_ENVS,)
         obs = envs.observe(step)
         assert obs.obs.shape[0] == N_ENVS and obs.masks.op.shape[0] == N_ENVS
-        wait = DecodedAction(op=LifecycleOp.WAIT)
-        actions = [_germinate(envs) if step == 0 else wait] * N_ENVS
-        transitions = envs.step(actions, step)
-        assert all(math.isfinite(t.reward.total) for t in transitions)
+        actions = [_germinate(envs) if step == 0 else WAIT] * N_ENVS
+        transitions = envs.step(_heads(envs, actions), step)
+        assert np.isfinite(transitions.totals).all()
+        totals += transitions.totals
         if step == 0:  # the germination's lifecycle records come back with the step
-            assert all(t.executed for t in transitions)
-            assert all(any(type(r).__name__ == "SeedGerminatedRecord" for r in t.records)
-                       for t in transitions)  # fmt: skip
-    summaries = envs.summaries()
-    assert all(s.episode.seeds_germinated == 1 for s in summaries)
-    assert all(s.params.seeds > 0 and s.active_seeds == 1 for s in summaries)
+            assert transitions.executed.all()
+            germinated = [row for row, r in transitions.records
+                          if type(r).__name__ == "SeedGerminatedRecord"]  # fmt: skip
+            assert germinated == list(range(N_ENVS))
+    s = envs.summaries()
+    assert s.episode["seeds_germinated"].tolist() == [1] * N_ENVS
+    assert (s.seed_params > 0).all() and s.active_seeds.tolist() == [1] * N_ENVS
     # the episode reward is the sum of the step rewards the envs returned
-    assert all(math.isfinite(s.episode.reward_sum) for s in summaries)
+    assert np.array_equal(s.episode["reward_sum"], totals)
 
 
 def test_a_rollback_comes_back_as_data() -> None:
     faults = FaultPlan([Fault(FaultKind.NAN, round=0, step=2, env=1)])
     envs = _envs(_config(), faults)
     envs.reset(0)
-    wait = [DecodedAction(op=LifecycleOp.WAIT)] * N_ENVS
+    wait = _heads(envs, [WAIT] * N_ENVS)
     for step in range(2):
         envs.advance(0, step, PhaseTimes())
         envs.step(wait, step)
-    epochs = envs.advance(0, 2, PhaseTimes())
-    assert epochs[0].rollback is None
-    rb = epochs[1].rollback
-    assert rb is not None
+    epoch = envs.advance(0, 2, PhaseTimes())
+    (rb,) = epoch.rollbacks
     assert (rb.local, rb.from_step, rb.to_step) == (1, 0, 2)
     assert rb.penalty == envs.cfg.governor.penalty
     # the env is the restored host: finite metrics, counted in its episode
-    assert math.isfinite(envs.summaries()[1].val_loss)
-    assert envs.summaries()[1].episode.rollbacks == 1
+    assert math.isfinite(envs.summaries().val_loss[1])
+    assert envs.summaries().episode["rollbacks"].tolist() == [0, 1]
 
 
-def _rollback_epoch(index: int, penalty: float) -> EnvEpoch:
+def _rollback_epoch(row: int, penalty: float) -> Epoch:
     record = RollbackRecord(
         reason=RollbackReason.NON_FINITE_LOSS, loss=math.nan, threshold=math.nan,
         panic_step=1, restored_to_step=0, seeds_pruned=(), transitions_affected=1,
         penalty=penalty,
     )  # fmt: skip
-    stats = EnvStepStats(1.0, 50.0, 1.0, 50.0, (50.0,), ())
-    cf = CounterfactualRecord(
-        slots=(), contributions=(), unavailable=(), shapley=(), interaction=math.nan,
-        real_acc=50.0, all_off_acc=math.nan, n_configs=1, exact_shapley=False,
-    )  # fmt: skip
-    return EnvEpoch(index, stats, cf, [], Rollback(index, 0, 1, record, []))
+    one = np.array([50.0])
+    stats = StepStats(one, one, one, one, one, np.zeros((1, 0, 2)))
+    empty, nan = np.zeros((1, 0)), np.array([math.nan])
+    found = Attribution(empty, empty.astype(int), empty, np.array([False]), nan, one, nan,
+                        np.array([1]))  # fmt: skip
+    return Epoch(stats, found, (), [], [Rollback(row, 0, 1, record, [])])
 
 
 class _FakeDecision:
-    def head_indices(self, i: int) -> list[int]:
-        return [0] * 8
-
-    def op_mask(self, i: int) -> list[bool]:
-        return [True] * 6
-
-    def value(self, i: int) -> float:
-        return 0.0
-
-    def log_prob(self, i: int) -> float:
-        return 0.0
-
-    def op_prob(self, i: int, op: int) -> float:
-        return 1.0
+    op_mask = np.ones((1, 6), dtype=bool)
+    value = np.zeros(1)
+    log_prob = np.zeros(1)
+    op_probs = np.ones((1, 6))
 
 
 @pytest.mark.parametrize("pending", [True, False])
@@ -141,13 +141,15 @@ def test_recorder_puts_a_rollback_penalty_on_the_reward_it_belongs_to(pending: b
     hub = MemoryHub(level=TelemetryLevel.NORMAL)
     rec = Recorder(hub, reward_family="contribution")
     rec.round_started(0, n_envs=1, horizon=3, entropy_coef=0.0, lr=0.0)
-    br = make_breakdown(terminal=0.25)
-    step_tr = EnvTransition(0, DecodedAction(op=LifecycleOp.WAIT), True, br, [])
+    breakdown = np.zeros((1, len(REWARD_COMPONENTS) + 1))
+    breakdown[0, REWARD_COMPONENTS.index("terminal")] = breakdown[0, -1] = 0.25
+    step_tr = Transitions(np.zeros((1, 8), dtype=np.int64), np.array([True]), breakdown, [])
+    space = action_space_for(_config(), load_task(_config().task, seed=0))
     if pending:
-        rec.actions([step_tr], _FakeDecision(), [0.5], rnd=0, step=0)
-    rec.epoch([_rollback_epoch(0, -10.0)], rnd=0, step=1)
+        rec.actions(step_tr, _FakeDecision(), np.array([0.5]), rnd=0, step=0, space=space)
+    rec.epoch(_rollback_epoch(0, -10.0), rnd=0, step=1)
     if not pending:
-        rec.actions([step_tr], _FakeDecision(), [0.5], rnd=0, step=1)
+        rec.actions(step_tr, _FakeDecision(), np.array([0.5]), rnd=0, step=1, space=space)
     rec.flush_rewards(0)
     rewards = [e for e in hub.events if event_tag(type(e)) == "reward_computed"]
     assert len(rewards) == 1
@@ -172,14 +174,14 @@ def test_auto_advance_grows_a_seed_from_one_germinate_and_masks_early_advance() 
     moves: list[StageChangedRecord] = []
     slot = envs.space.slot_ids[0]
     for step in range(horizon):
-        for epoch in envs.advance(0, step, PhaseTimes()):
-            moves += [r for r in epoch.records if isinstance(r, StageChangedRecord)]
+        epoch = envs.advance(0, step, PhaseTimes())
+        moves += [r for _, r in epoch.records if isinstance(r, StageChangedRecord)]
         obs = envs.observe(step)
         stage = envs.states[0].model.slot(slot).stage
         if stage == SeedStage.TRAINING:  # only reachable by G2's timing, never offered
             assert not bool(obs.masks.slot[0, LifecycleOp.ADVANCE, 0])
-        action = _germinate(envs) if step == 0 else DecodedAction(op=LifecycleOp.WAIT)
-        envs.step([action], step)
+        action = _germinate(envs) if step == 0 else WAIT
+        envs.step(_heads(envs, [action]), step)
     auto = [(m.to_stage, m.initiator) for m in moves if m.initiator == Initiator.SYSTEM]
     assert auto[:2] == [
         (SeedStage.TRAINING, Initiator.SYSTEM),
@@ -215,8 +217,8 @@ def _alpha_at_last_validation(
         elif bool(masks.slot[0, LifecycleOp.ADVANCE, 0]) and not auto:
             action = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=slot)
         else:
-            action = DecodedAction(op=LifecycleOp.WAIT)
-        envs.step([action], step)
+            action = WAIT
+        envs.step(_heads(envs, [action]), step)
     return alpha
 
 
@@ -239,4 +241,4 @@ def test_the_germination_deadline_is_the_last_step_whose_seed_can_blend(auto: bo
         envs.advance(0, step, PhaseTimes())
         offered = bool(envs.observe(step).masks.op[0, LifecycleOp.GERMINATE])
         assert offered == (step <= last)
-        envs.step([DecodedAction(op=LifecycleOp.WAIT)] * N_ENVS, step)
+        envs.step(_heads(envs, [WAIT] * N_ENVS), step)

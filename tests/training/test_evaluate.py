@@ -23,7 +23,7 @@ from esper.telemetry.hub import MemoryHub
 from esper.training.checkpoint import read_checkpoint
 from esper.training.envs import HostEnvs
 from esper.training.evaluate import evaluate
-from esper.training.learner import DECISION_ROW, Learner
+from esper.training.learner import Learner
 from esper.training.policy_factory import build_policy
 from esper.training.run import train
 from esper.training.run_setup import action_space_for
@@ -87,9 +87,7 @@ def test_a_frozen_learner_takes_the_most_likely_op(tmp_path: Path) -> None:
         picks = []
         for step in range(3):
             d = learner.decide(envs.observe(step), hidden)
-            for i in range(cfg.run.n_envs):
-                probs = DECISION_ROW.get(d.rows[i], "op_probs")
-                picks.append(d.head_indices(i)[0] == max(range(len(probs)), key=probs.__getitem__))
+            picks += (d.heads[:, 0] == d.op_probs.argmax(axis=1)).tolist()
         greedy[frozen] = picks
     assert all(greedy[True])
     assert not all(greedy[False])

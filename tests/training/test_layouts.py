@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from esper.core.layout import Layout
 from esper.policy.actions import N_HEADS, N_OPS
-from esper.training.batch_ops import _unpack, val_layout
-from esper.training.env_state import TRAIN_ACCUM
+from esper.training.batch_ops import VAL_HEAD, gather_step_stats
 from esper.training.learner import DECISION_ROW
 from esper.training.ppo import METRICS_LAYOUT
 
@@ -50,18 +50,15 @@ def test_ppo_metrics_layout_covers_every_packed_stat() -> None:
 
 def test_step_stats_unpack_by_layout() -> None:
     """Two envs with different config counts and extras unpack to their own numbers."""
-    rows = [
-        ([2.0, 3.0, 4.0], [10.0, 5.0, 4.0], [0.5], []),  # K=1, no extras
-        ([6.0, 1.0, 2.0], [8.0, 4.0, 3.0, 1.0], [0.1, 0.2], [9.0]),  # K=2
-    ]
-    layouts = [
-        Layout(("train", TRAIN_ACCUM.width), ("val", len(v)), ("grads", len(g)), ("extra", len(e)))
-        for _, v, g, e in rows
-    ]
-    host = [x for r in rows for part in r for x in part]
-    a, b = _unpack(host, layouts)
-    assert (a.train_loss, a.train_acc, a.val_loss, a.val_acc) == (2.0 / 4, 75.0, 2.0, 80.0)
-    assert a.config_accs == (80.0,) and a.grad_norms == (0.5,) and a.extra == ()
-    assert (b.train_loss, b.val_loss, b.config_accs) == (3.0, 2.0, (75.0, 25.0))
-    assert b.grad_norms == (0.1, 0.2) and b.extra == (9.0,)
-    assert val_layout(2).width == 4
+    train = torch.tensor([[2.0, 3.0, 4.0], [6.0, 1.0, 2.0]])  # loss_sum, correct, count
+    grads = torch.tensor([[[0.5, 0.25]], [[0.125, 0.75]]])  # [N, S=1, 2]
+    head = torch.tensor([[10.0, 5.0], [8.0, 4.0]])  # VAL_HEAD: loss_sum, count
+    correct = torch.tensor([4.0, 3.0, 1.0])  # env 0: K=1; env 1: K=2
+    first = np.array([0, 1])
+    st = gather_step_stats(train, grads, head, correct, first, [torch.zeros(0), torch.ones(1)])
+    assert st.train_loss.tolist() == [2.0 / 4, 3.0] and st.train_acc.tolist() == [75.0, 50.0]
+    assert st.val_loss.tolist() == [2.0, 2.0] and st.val_acc.tolist() == [80.0, 75.0]
+    assert st.config_accs.tolist() == [80.0, 75.0, 25.0]
+    assert st.grad_norms.tolist() == [[[0.5, 0.25]], [[0.125, 0.75]]]
+    assert st.extra is not None and [e.tolist() for e in st.extra] == [[], [1.0]]
+    assert VAL_HEAD.width == 2

@@ -388,25 +388,28 @@ def test_param_cost_basis_blended_charges_only_what_reaches_the_output() -> None
     """``reward.param_cost_basis``: ``live`` charges a seed at germination and refunds a
     prune before it blends; ``blended`` charges alpha x parameters as the seed blends in,
     so such a prune earns nothing."""
+    import numpy as np
+
     from esper.core.enums import GerminationStyle, Initiator, ParamCostBasis, PruneReason
-    from esper.policy.actions import DecodedAction
-    from esper.training.action_execution import ActionOutcome
+    from esper.core.records import REWARD_COMPONENTS
     from esper.training.env_factory import EnvFactory
-    from esper.training.step_rewards import build_reward_inputs
+    from esper.training.rewards import compute_rewards
+    from esper.training.step_rewards import Target, reward_columns
 
     cfg = with_overrides(Config(), {"run.n_envs": 1, "task.name": "digits"})
     data = load_task(cfg.task, seed=0)
-    wait = DecodedAction(op=LifecycleOp.WAIT)
-    outcome = ActionOutcome(executed=True, slot_before=None, slot_after=None)
     rcfg = with_overrides(cfg, {"reward.family": "accuracy"}).reward
     w = rcfg.param_cost_weight
 
     def rent(env, basis: ParamCostBasis) -> float:
-        """This step's parameter cost; the env's reward memory moves on, as in a run."""
-        inputs, env.reward_memory = build_reward_inputs(
-            env, wait, outcome, task=data.spec, terminal=False, param_basis=basis
-        )
-        return compute_reward(inputs, rcfg, gamma=GAMMA).rent
+        """This step's parameter cost (a WAIT); the env's reward memory moves on."""
+        t = env.table
+        cols = reward_columns(
+            t, Target.of(t.slots, np.array([-1])), np.array([int(LifecycleOp.WAIT)]),
+            np.array([True]), random_guess_loss=data.spec.random_guess_loss, terminal=False,
+            param_basis=basis,
+        )  # fmt: skip
+        return float(compute_rewards(cols, rcfg, gamma=GAMMA)[0, REWARD_COMPONENTS.index("rent")])
 
     for basis in ParamCostBasis:
         env = EnvFactory(cfg, data.spec).create_round(0)[0]

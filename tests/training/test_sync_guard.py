@@ -66,9 +66,8 @@ def _env_step(envs: HostEnvs, learner: Learner, step: int, hidden: Any) -> Any:
     """One full env step: advance, observe, decide, execute, record."""
     envs.advance(0, step, PhaseTimes())
     decision = learner.decide(envs.observe(step), hidden)
-    transitions = envs.step(decision.actions_decoded, step)
-    rewards = [t.reward.total for t in transitions]
-    learner.record_step(step, decision, rewards, terminal=step == HORIZON - 1)
+    transitions = envs.step(decision.heads, step)
+    learner.record_step(step, decision, transitions.totals, terminal=step == HORIZON - 1)
     return decision.hidden
 
 

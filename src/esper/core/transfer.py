@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 
-def host_copy(t: torch.Tensor) -> list[Any]:
-    """``t`` as (nested) Python numbers: one device-to-host copy.
+def host_copy(t: torch.Tensor, *, array: bool = False) -> Any:
+    """``t`` as (nested) Python numbers, or with ``array`` as a numpy array (the step's
+    columns): one device-to-host copy.
 
     On CUDA it is exempt from ``torch.cuda.set_sync_debug_mode`` (this transfer is meant
     to wait), so that mode can flag every other sync.
@@ -24,9 +25,13 @@ def host_copy(t: torch.Tensor) -> list[Any]:
         previous = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode(0)
         try:
-            values: list[Any] = t.cpu().tolist()
+            return _read(t, array)
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-        return values
-    values = t.cpu().tolist()
-    return values
+    return _read(t, array)
+
+
+def _read(t: torch.Tensor, array: bool) -> Any:
+    host = t.detach().cpu()
+    # A CPU tensor's .cpu() is itself: copy, so later in-place updates cannot show through.
+    return host.numpy().copy() if array else host.tolist()

@@ -15,7 +15,15 @@ import numpy as np
 
 from esper.core.constants import SIGMOID_STEEPNESS
 from esper.core.enums import AlphaCurve, AlphaMode
-from esper.model.slot_table import MODE_CODE, MODES, Cell, Column, SlotTable, float_column, int_column
+from esper.model.slot_table import (
+    MODE_CODE,
+    MODES,
+    Cell,
+    Column,
+    SlotTable,
+    float_column,
+    int_column,
+)
 
 ALPHA_MIN = 0.0
 ALPHA_MAX = 1.0
@@ -137,7 +145,10 @@ CURVE_TABLE_STEPS = 32
 _CURVE_TABLE = np.array(
     [
         [
-            [curve_value(c, done / total) if total else 1.0 for done in range(CURVE_TABLE_STEPS + 1)]
+            [
+                curve_value(c, done / total) if total else 1.0
+                for done in range(CURVE_TABLE_STEPS + 1)
+            ]
             for total in range(CURVE_TABLE_STEPS + 1)
         ]
         for c in AlphaCurve
@@ -159,12 +170,16 @@ def step_alphas(t: SlotTable, where: Any) -> None:
     ramping = moving & ~finished
     curve = t.alpha_curve[where]
     inside = total <= CURVE_TABLE_STEPS
-    frac = _CURVE_TABLE[curve, np.minimum(total, CURVE_TABLE_STEPS), np.minimum(done, CURVE_TABLE_STEPS)]
+    frac = _CURVE_TABLE[
+        curve, np.minimum(total, CURVE_TABLE_STEPS), np.minimum(done, CURVE_TABLE_STEPS)
+    ]
     if not np.all(inside | ~ramping):  # a ramp longer than the table: cell by cell
         frac = np.where(
             inside,
             frac,
-            np.vectorize(lambda c, d, n: curve_value(AlphaCurve(int(c)), d / n))(curve, done, np.maximum(total, 1)),
+            np.vectorize(lambda c, d, n: curve_value(AlphaCurve(int(c)), d / n))(
+                curve, done, np.maximum(total, 1)
+            ),
         )
     start, target = t.alpha_start[where], t.alpha_target[where]
     alpha = np.where(finished, target, np.where(ramping, start + (target - start) * frac, before))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from esper.core.constants import STYLE_BLEND
+from esper.core.constants import OCCUPYING, STYLE_BLEND
 from esper.core.enums import (
     AlphaCurve,
     BlendOp,
@@ -25,7 +25,6 @@ from esper.core.enums import (
     Topology,
 )
 from esper.core.host_family import HostDescriptor, SlotDescriptor, positions
-from esper.core.constants import OCCUPYING
 from esper.core.records import LifecycleRecord, SlotReport
 from esper.model import snapshot
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
@@ -33,10 +32,10 @@ from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
 from esper.model.initialization import materialize
+from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.memory_format import is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
-from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
 from esper.model.slot_table import STAGE_CODE, SlotTable, codes
 from esper.model.ticks import LIVE_CODES, tick_slots
@@ -320,6 +319,10 @@ class MorphogeneticModel(nn.Module):
                 for s, pos in zip(self.slot_ids, where, strict=True)
             ),
         )
+
+    def ref_params(self) -> list[int]:
+        """Per slot, the host parameters its seed's gradient is compared with."""
+        return [self._ref_numel[s] for s in self.slot_ids]
 
     def param_counts(self) -> ParamCounts:
         host = self._host_numel

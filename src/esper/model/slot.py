@@ -35,6 +35,7 @@ from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
 from esper.model.blending import BlendGate, blend, straight_through
 from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
 from esper.model.metrics import SeedMetrics
+from esper.model.reports import slot_report
 from esper.model.slot_table import (
     COLUMNS,
     INITIATOR_CODE,
@@ -135,36 +136,8 @@ class SeedSlot(nn.Module):
         return params
 
     def report(self) -> SlotReport:
-        life, ctl, m = self.life, self.alpha, self.metrics
-        pre_blend = life.stage not in BLENDED_STAGES
-        return SlotReport(
-            slot_id=self.slot_id,
-            stage=life.stage,
-            seed_id=life.seed_id,
-            blueprint=life.blueprint,
-            blend_op=life.blend_op,
-            alpha=self.effective_alpha,
-            alpha_target=life.planned_target if pre_blend else ctl.target,
-            alpha_mode=ctl.mode,
-            alpha_curve=int(ctl.curve),
-            alpha_steps_total=ctl.steps_total,
-            alpha_steps_done=ctl.steps_done,
-            alpha_velocity=ctl.last_delta,
-            tempo=life.tempo,
-            age_epochs=life.age_epochs,
-            epochs_in_stage=life.epochs_in_stage,
-            acc_at_germination=m.acc_at_germination,
-            acc_at_stage_start=m.acc_at_stage_start,
-            improvement=m.improvement,
-            contribution=m.contribution,
-            contribution_velocity=m.contribution_velocity,
-            epochs_since_contribution=m.epochs_since_contribution,
-            grad_norm_ratio=m.grad_norm_ratio,
-            grad_health=m.grad_health,
-            params=self.n_params if life.live else 0,
-            embargo_remaining=life.cooldown_remaining,
-            scheduled_prune=life.scheduled_prune,
-        )
+        life = self.life
+        return slot_report(life.table, life.row, life.col, self.slot_id)
 
     # --- lifecycle operations ----------------------------------------------------------
 

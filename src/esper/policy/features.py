@@ -1,8 +1,9 @@
 """Observation features for all envs at once: base signals plus per-slot seed state.
 
-Everything the features read (slot reports, tracker histories, last actions) is already
-on the host, so the whole [N, OBS_DIM] matrix is assembled in numpy and moved to the
-policy device in one transfer, with no device synchronisation. Unknown measurements
+Everything the features read (the round's slot table and signals, last actions) is
+already on the host, so the whole [N, OBS_DIM] matrix is assembled in numpy, for all
+envs at once, and moved to the policy device in one transfer, with no device
+synchronisation. Unknown measurements
 (NaN in the reports) become 0; whether a measurement exists is its own flag feature.
 Blueprints are not one-hot encoded here: their ids go to a learned embedding in the
 network (0 means "no seed"). With a host family (``hosts`` given) the host's descriptors
@@ -31,7 +32,9 @@ from esper.core.constants import (
 from esper.core.enums import AlphaMode, BlendOp, LifecycleOp, SeedStage
 from esper.core.host_family import HostDescriptor, slot_cost
 from esper.core.records import SlotReport
-from esper.policy.signals import SignalTracker
+from esper.model.reports import columns_of_reports, report_columns
+from esper.model.slot_table import STAGE_CODE, SlotTable, codes
+from esper.policy.signals import Signals, SignalTracker
 
 STAGES: Final = tuple(SeedStage)
 ALPHA_MODES: Final = tuple(AlphaMode)
@@ -45,10 +48,7 @@ ACTIVE_STAGES: Final = (
 )
 #: Embedding vocabulary: 0 is "no seed", 1 + i is ALL_BLUEPRINTS[i].
 BLUEPRINT_VOCAB: Final = len(ALL_BLUEPRINTS) + 1
-_BLUEPRINT_ID: Final = {name: i + 1 for i, name in enumerate(ALL_BLUEPRINTS)}
-_STAGE_CODE: Final = {s: i for i, s in enumerate(STAGES)}
-_MODE_CODE: Final = {m: i for i, m in enumerate(ALPHA_MODES)}
-_BLEND_CODE: Final = {b: i for i, b in enumerate(BLEND_OPS)}
+_ACTIVE_CODES: Final = codes(ACTIVE_STAGES, STAGE_CODE)
 _MAX_TEMPO: Final = float(max(TEMPOS))
 
 #: (name, width) of each base feature, in column order.
@@ -105,30 +105,6 @@ HOST_PARAMS_LOG_SCALE: Final = 5.0
 HOST_DEPTH_SCALE: Final = 4.0
 SLOT_WIDTH_LOG_SCALE: Final = 6.0
 
-# Column order of the raw per-slot matrix extracted from the reports.
-_RAW_FIELDS: Final = (
-    "stage",
-    "alpha",
-    "contribution",
-    "contribution_velocity",
-    "improvement",
-    "tempo",
-    "alpha_target",
-    "alpha_mode",
-    "alpha_steps_done",
-    "alpha_steps_total",
-    "alpha_velocity",
-    "blend_op",
-    "grad_norm_ratio",
-    "grad_health",
-    "epochs_in_stage",
-    "epochs_since_contribution",
-    "age_epochs",
-    "scheduled_prune",
-    "blueprint",
-)
-_R: Final = {name: i for i, name in enumerate(_RAW_FIELDS)}
-
 
 def obs_dim(n_slots: int, *, host_features: bool = False) -> int:
     """Observation width: ``BASE_DIM + n_slots * SLOT_DIM``, plus ``HOST_DIM + n_slots *
@@ -172,154 +148,151 @@ def _one_hot(codes: np.ndarray, width: int) -> np.ndarray:
     return np.asarray(np.eye(width, dtype=np.float64)[codes])
 
 
-def _raw_slot_matrix(reports: Sequence[Sequence[SlotReport]]) -> np.ndarray:
-    """[N, S, len(_RAW_FIELDS)] float64 numbers read straight from the reports."""
-    n, s = len(reports), len(reports[0])
-    rows = [
-        (
-            _STAGE_CODE[r.stage],
-            r.alpha,
-            r.contribution,
-            r.contribution_velocity,
-            r.improvement,
-            r.tempo,
-            r.alpha_target,
-            _MODE_CODE[r.alpha_mode],
-            r.alpha_steps_done,
-            r.alpha_steps_total,
-            r.alpha_velocity,
-            _BLEND_CODE[r.blend_op],
-            r.grad_norm_ratio,
-            r.grad_health,
-            r.epochs_in_stage,
-            r.epochs_since_contribution,
-            r.age_epochs,
-            r.scheduled_prune,
-            _BLUEPRINT_ID.get(r.blueprint, 0),
-        )
-        for env in reports
-        for r in env
-    ]
-    return np.array(rows, dtype=np.float64).reshape(n, s, len(_RAW_FIELDS))
+#: What the features read of the slots: a round's table, or reports ``[N][S]``.
+SlotSource = SlotTable | Sequence[Sequence[SlotReport]]
+#: What they read of the envs' signals: a round's table, or one tracker per env.
+SignalSource = Signals | Sequence[SignalTracker]
 
 
-def _slot_features(raw: np.ndarray, max_epochs: int) -> np.ndarray:
-    """[N, S, SLOT_DIM] from the raw report matrix (vectorised over envs and slots)."""
-    stage = raw[..., _R["stage"]].astype(np.int64)
-    active = np.isin(stage, [_STAGE_CODE[s] for s in ACTIVE_STAGES]).astype(np.float64)
-    total = raw[..., _R["alpha_steps_total"]]
-    progress = np.where(total > 0, raw[..., _R["alpha_steps_done"]] / np.maximum(total, 1), 0.0)
-    health = raw[..., _R["grad_health"]]
+def slot_columns(slots: SlotSource) -> dict[str, np.ndarray]:
+    """The reported slot fields as ``[N, S]`` arrays (:func:`report_columns`)."""
+    if isinstance(slots, SlotTable):
+        return report_columns(slots)
+    return columns_of_reports(slots)
+
+
+def _slot_features(c: dict[str, np.ndarray], max_epochs: int) -> np.ndarray:
+    """[N, S, SLOT_DIM] from the slot columns (vectorised over envs and slots)."""
+    stage = c["stage"]
+    active = np.isin(stage, _ACTIVE_CODES).astype(np.float64)
+    total = c["alpha_steps_total"].astype(np.float64)
+    done = c["alpha_steps_done"].astype(np.float64)
+    progress = np.where(total > 0, done / np.maximum(total, 1), 0.0)
+    health = c["grad_health"]
     measured = np.isfinite(health)
-    since = raw[..., _R["epochs_since_contribution"]]
+    since = c["epochs_since_contribution"].astype(np.float64)
     freshness = np.where(since >= 0, 1.0 / (1.0 + np.maximum(since, 0.0)), 0.0)
     horizon = float(max(max_epochs, 1))
-    col = raw[..., None, :]  # [N, S, 1, F] so each piece below is [N, S, width]
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(c[name], dtype=np.float64)[..., None]
+
     pieces = [
         active[..., None],
         _one_hot(stage, len(STAGES)),
-        col[..., _R["alpha"]],
-        symlog(col[..., _R["contribution"]]),
-        symlog(col[..., _R["contribution_velocity"]]),
-        symlog(col[..., _R["improvement"]]),
-        col[..., _R["tempo"]] / _MAX_TEMPO,
-        col[..., _R["alpha_target"]],
-        _one_hot(raw[..., _R["alpha_mode"]].astype(np.int64), len(ALPHA_MODES)),
+        col("alpha"),
+        symlog(col("contribution")),
+        symlog(col("contribution_velocity")),
+        symlog(col("improvement")),
+        col("tempo") / _MAX_TEMPO,
+        col("alpha_target"),
+        _one_hot(c["alpha_mode"], len(ALPHA_MODES)),
         progress[..., None],
-        col[..., _R["alpha_velocity"]],
-        _one_hot(raw[..., _R["blend_op"]].astype(np.int64), len(BLEND_OPS)) * active[..., None],
-        symlog(col[..., _R["grad_norm_ratio"]]),
+        col("alpha_velocity"),
+        _one_hot(c["blend_op"], len(BLEND_OPS)) * active[..., None],
+        symlog(col("grad_norm_ratio")),
         health[..., None],
         measured[..., None].astype(np.float64),
         (measured & (np.nan_to_num(health) < G2_MIN_GRADIENT_HEALTH))[..., None].astype(np.float64),
-        col[..., _R["epochs_in_stage"]] / horizon,
+        col("epochs_in_stage") / horizon,
         freshness[..., None],
-        col[..., _R["age_epochs"]] / horizon,
-        col[..., _R["scheduled_prune"]],
+        col("age_epochs") / horizon,
+        col("scheduled_prune"),
     ]
     return np.concatenate(pieces, axis=-1)
 
 
-def _padded_history(values: Sequence[float], length: int) -> list[float]:
-    """The last ``length`` values, oldest first, front-padded with the oldest known one."""
-    hist = list(values)[-length:]
-    if not hist:
-        return [0.0] * length
-    return [hist[0]] * (length - len(hist)) + hist
+def signal_table(trackers: SignalSource) -> Signals:
+    """The signals as one table (trackers' rows gathered into a new one)."""
+    if isinstance(trackers, Signals):
+        return trackers
+    first = trackers[0].table
+    out = Signals(
+        len(trackers),
+        history_len=first.history_len,
+        plateau_gain_pp=first.plateau_gain_pp,
+        stabilise_gain_pp=first.stabilise_gain_pp,
+        stabilise_epochs=first.stabilise_epochs,
+    )
+    for i, t in enumerate(trackers):
+        out.copy_row(t.table, t.row, i)
+    return out
 
 
 def _base_features(
-    trackers: Sequence[SignalTracker],
+    signals: Signals,
     stage: np.ndarray,
     epoch: int,
     max_epochs: int,
-    last_ops: Sequence[int],
-    last_success: Sequence[bool],
+    last_ops: np.ndarray,
+    last_success: np.ndarray,
 ) -> np.ndarray:
-    """[N, BASE_DIM] from the trackers, slot stages and last actions."""
-    n = len(trackers)
-    loss_hist = np.array(
-        [_padded_history(t.loss_history, OBS_HISTORY_LEN) for t in trackers], dtype=np.float64
-    )
-    acc_hist = np.array(
-        [_padded_history(t.acc_history, OBS_HISTORY_LEN) for t in trackers], dtype=np.float64
-    )
-    signals = np.array(
-        [(t.last_loss, t.last_acc, t.plateau_count, t.host_stabilised) for t in trackers],
-        dtype=np.float64,
-    ).reshape(n, 4)
-    ops = np.array([int(o) for o in last_ops], dtype=np.int64)
+    """[N, BASE_DIM] from the signals, slot stages and last actions."""
+    n = len(stage)
     pieces = [
         np.full((n, 1), epoch / max(max_epochs, 1)),
-        symlog(signals[:, 0:1]),
-        signals[:, 1:2] / ACC_PERCENT_SCALE,
-        symlog(loss_hist),
-        acc_hist / ACC_PERCENT_SCALE,
+        symlog(signals.last_loss[:, None]),
+        signals.last_acc[:, None] / ACC_PERCENT_SCALE,
+        symlog(signals.padded(signals.loss_history)),
+        signals.padded(signals.acc_history) / ACC_PERCENT_SCALE,
         _one_hot(stage, len(STAGES)).mean(axis=1),
-        np.array(last_success, dtype=np.float64).reshape(n, 1),
-        _one_hot(ops, len(LifecycleOp)),
-        np.minimum(signals[:, 2:3], PLATEAU_FEATURE_CAP) / PLATEAU_FEATURE_CAP,
-        signals[:, 3:4],
+        np.asarray(last_success, dtype=np.float64).reshape(n, 1),
+        _one_hot(np.asarray(last_ops, dtype=np.int64), len(LifecycleOp)),
+        np.minimum(signals.plateau_count[:, None], PLATEAU_FEATURE_CAP) / PLATEAU_FEATURE_CAP,
+        signals.host_stabilised[:, None].astype(np.float64),
     ]
     return np.concatenate(pieces, axis=1)
 
 
 def build_features(
     *,
-    trackers: Sequence[SignalTracker],
-    reports: Sequence[Sequence[SlotReport]],
+    trackers: SignalSource,
+    reports: SlotSource,
     epoch: int,
     max_epochs: int,
-    last_ops: Sequence[int],
-    last_success: Sequence[bool],
+    last_ops: Sequence[int] | np.ndarray,
+    last_success: Sequence[bool] | np.ndarray,
     device: torch.device | str,
-    hosts: Sequence[HostDescriptor] | None = None,
+    hosts: Sequence[HostDescriptor] | np.ndarray | None = None,
+    slot_order: Sequence[str] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(obs [N, obs_dim(S)] float32, blueprint_ids [N, S] long), one transfer each.
 
-    Every env must list its slots in the same order (the action space's slot order).
-    ``hosts`` (a host family): every env's host descriptor, appended as
-    :data:`HOST_LAYOUT` and :data:`SLOT_HOST_LAYOUT` columns.
+    ``reports`` and ``trackers``: a round's tables, or per env its reports (every env
+    listing its slots in the same order) and tracker. ``hosts`` (a host family): every
+    env's host descriptor (or their :func:`host_features`, computed once per round),
+    appended as :data:`HOST_LAYOUT` and :data:`SLOT_HOST_LAYOUT` columns; descriptors
+    need ``slot_order`` with a table.
     """
-    n = len(reports)
-    if not (n == len(trackers) == len(last_ops) == len(last_success)) or n == 0:
+    if not isinstance(reports, SlotTable):
+        if not reports:
+            raise ValueError("reports must be non-empty")
+        slot_order = tuple(r.slot_id for r in reports[0])
+        if any(tuple(r.slot_id for r in env) != slot_order for env in reports):
+            raise ValueError("every env must report the same slots in the same order")
+    c = slot_columns(reports)
+    signals = signal_table(trackers)
+    n = c["stage"].shape[0]
+    if not (n == len(signals.count) == len(last_ops) == len(last_success)) or n == 0:
         raise ValueError("trackers, reports, last_ops and last_success must be non-empty and align")
-    slot_order = tuple(r.slot_id for r in reports[0])
-    if any(tuple(r.slot_id for r in env) != slot_order for env in reports):
-        raise ValueError("every env must report the same slots in the same order")
-    raw = _raw_slot_matrix(reports)
-    stage = raw[..., _R["stage"]].astype(np.int64)
-    base = _base_features(trackers, stage, epoch, max_epochs, last_ops, last_success)
-    slots = _slot_features(raw, max_epochs).reshape(n, -1)
+    stage = c["stage"]
+    base = _base_features(
+        signals, stage, epoch, max_epochs, np.asarray(last_ops), np.asarray(last_success)
+    )
+    slots = _slot_features(c, max_epochs).reshape(n, -1)
     parts = [base, slots]
     if hosts is not None:
         if len(hosts) != n:
             raise ValueError(f"{len(hosts)} host descriptors for {n} envs")
-        parts.append(host_features(hosts, slot_order))
+        if not isinstance(hosts, np.ndarray):
+            if slot_order is None:
+                raise ValueError("host descriptors need the slot order")
+            hosts = host_features(hosts, slot_order)
+        parts.append(hosts)
     obs = np.nan_to_num(np.concatenate(parts, axis=1), nan=0.0, posinf=0.0, neginf=0.0)
-    active = np.isin(stage, [_STAGE_CODE[s] for s in ACTIVE_STAGES])
-    bp_ids = np.where(active, raw[..., _R["blueprint"]], 0).astype(np.int64)
+    known = c["blueprint_id"] < BLUEPRINT_VOCAB  # a custom registry's blueprint: "no seed"
+    bp_ids = np.where(np.isin(stage, _ACTIVE_CODES) & known, c["blueprint_id"], 0)
     return (
         torch.from_numpy(obs.astype(np.float32)).to(device, non_blocking=True),
-        torch.from_numpy(bp_ids).to(device, non_blocking=True),
+        torch.from_numpy(bp_ids.astype(np.int64)).to(device, non_blocking=True),
     )

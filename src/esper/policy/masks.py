@@ -9,8 +9,9 @@ that from the reward cost PPO several refusals per episode (docs/training.md). W
 to blend before the episode's last validation: under the true-terminal episode end such
 a seed can only cost parameters.
 
-The slot reports already live on the host, so the rules are evaluated there as numpy
-arrays over [N envs, S slots] and moved to the policy device in a single transfer. The
+The slots' state already lives on the host (the round's slot table), so the rules are
+evaluated there as numpy arrays over [N envs, S slots], for all envs at once, and moved
+to the policy device in a single transfer. The
 slot mask is per op ([N, ops, S]) because which slots are legal depends on the op; an op
 is valid exactly when at least one slot is legal for it (WAIT is always valid).
 """
@@ -37,17 +38,14 @@ from esper.core.constants import (
     PRUNABLE_AFTER_BLENDING,
     RETARGETABLE,
 )
-from esper.core.enums import LifecycleOp, SeedStage
+from esper.core.enums import AlphaMode, LifecycleOp, SeedStage
 from esper.core.records import SlotReport
+from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable
 from esper.policy.actions import N_OPS, ActionSpace
-
-STAGES: tuple[SeedStage, ...] = tuple(SeedStage)
-STAGE_CODE: dict[SeedStage, int] = {s: i for i, s in enumerate(STAGES)}
+from esper.policy.features import SlotSource, slot_columns
 
 #: G3 needs the blend's target to be full alpha.
 FULL_ALPHA = max(ALPHA_TARGETS)
-#: Report fields the mask rules read, one int column each.
-_MASK_COLUMNS = ("stage", "at_rest", "age", "scheduled_prune", "epochs_in_stage", "full_target")
 
 
 def _codes(stages: Sequence[SeedStage]) -> np.ndarray:
@@ -143,7 +141,7 @@ def order_reports(env_reports: Sequence[SlotReport], space: ActionSpace) -> Sequ
 
 
 def build_mask_arrays(
-    reports: Sequence[Sequence[SlotReport]],
+    reports: SlotSource,
     space: ActionSpace,
     *,
     max_seeds: int,
@@ -152,25 +150,18 @@ def build_mask_arrays(
 ) -> dict[str, np.ndarray]:
     """Host-side masks for op [N, ops], slot [N, ops, S] and blueprint [N, B].
 
-    ``steps_left``: steps of the episode still to play, this one included (``None``: no
-    germination deadline). ``prune_after_blending``: PRUNE only seeds that have started
-    blending (see :data:`PRUNABLE_AFTER_BLENDING`)."""
-    n, s = len(reports), space.n_slots
-    rows = [
-        (
-            STAGE_CODE[r.stage],
-            r.alpha_at_rest,
-            r.age_epochs,
-            r.scheduled_prune,
-            r.epochs_in_stage,
-            r.alpha_target >= FULL_ALPHA,
-        )
-        for env in reports
-        for r in order_reports(env, space)
-    ]
-    arr = np.array(rows, dtype=np.int64).reshape(n, s, len(_MASK_COLUMNS))
-    col = dict(zip(_MASK_COLUMNS, np.moveaxis(arr, -1, 0), strict=True))
-    stage, at_rest, age = col["stage"], col["at_rest"].astype(bool), col["age"]
+    ``reports``: a round's slot table (columns in the action space's slot order), or per
+    env its reports (any order; matched to the space's slots by id). ``steps_left``:
+    steps of the episode still to play, this one included (``None``: no germination
+    deadline). ``prune_after_blending``: PRUNE only seeds that have started blending
+    (see :data:`PRUNABLE_AFTER_BLENDING`)."""
+    if not isinstance(reports, SlotTable):
+        reports = [order_reports(env, space) for env in reports]
+    col = slot_columns(reports)
+    stage = col["stage"]
+    n, s = stage.shape[0], space.n_slots
+    at_rest = col["alpha_mode"] == MODE_CODE[AlphaMode.HOLD]
+    age = col["age_epochs"]
     steady = ~col["scheduled_prune"].astype(bool)  # a seed being scheduled-pruned accepts no ops
 
     blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
@@ -185,7 +176,7 @@ def build_mask_arrays(
     trained = (stage == STAGE_CODE[SeedStage.TRAINING]) & (
         col["epochs_in_stage"] >= G2_MIN_TRAINING_EPOCHS
     )
-    blended = blending & at_rest & col["full_target"].astype(bool)
+    blended = blending & at_rest & (col["alpha_target"] >= FULL_ALPHA)
     slot[:, LifecycleOp.ADVANCE] = steady & (
         (stage == STAGE_CODE[SeedStage.GERMINATED]) | trained | blended
     )
@@ -197,20 +188,24 @@ def build_mask_arrays(
     slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & np.isin(stage, _codes(RETARGETABLE))
     op: np.ndarray = np.asarray(slot.any(axis=2))
     op[:, LifecycleOp.WAIT] = True
-    blueprint = np.tile(np.array(space.blueprint_valid, dtype=bool), (n, 1))
-    menus = {
+    return {"op": op, "slot": slot, **menu_masks(space, n)}
+
+
+def menu_masks(space: ActionSpace, n: int) -> dict[str, np.ndarray]:
+    """The heads whose valid values are the config's menus, the same for every env."""
+    return {
         head: np.tile(np.array(valid, dtype=bool), (n, 1))
         for head, valid in (
+            ("blueprint", space.blueprint_valid),
             ("alpha_target", space.alpha_target_valid),
             ("style", space.style_valid),
             ("tempo", space.tempo_valid),
         )
     }
-    return {"op": op, "slot": slot, "blueprint": blueprint, **menus}
 
 
 def compute_masks(
-    reports: Sequence[Sequence[SlotReport]],
+    reports: SlotSource,
     space: ActionSpace,
     *,
     max_seeds: int,
@@ -226,7 +221,7 @@ def compute_masks(
         steps_left=steps_left,
         prune_after_blending=prune_after_blending,
     )
-    n, sizes = len(reports), space.head_sizes
+    n, sizes = arrays["op"].shape[0], space.head_sizes
     menus = ("blueprint", "alpha_target", "style", "tempo")
     parts = [arrays["op"], arrays["slot"].reshape(n, -1), *(arrays[h] for h in menus)]
     packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(device, non_blocking=True)

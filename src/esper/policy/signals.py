@@ -30,6 +30,19 @@ from esper.core.constants import (
     STABILISATION_MAX_ACC_GAIN_PP,
 )
 
+#: The per-env arrays of :class:`Signals`.
+_ROW_ARRAYS = (
+    "loss_history",
+    "acc_history",
+    "count",
+    "epochs",
+    "best_loss",
+    "best_acc",
+    "plateau_count",
+    "host_stabilised",
+    "calm_epochs",
+)
+
 
 class Signals:
     """The signals of ``n`` envs: histories as ``[n, history_len]`` arrays (oldest first,
@@ -85,10 +98,14 @@ class Signals:
         self.epochs[rows] += 1
         ok = np.isfinite(val_loss) & np.isfinite(val_acc)
         # A broken epoch is neither progress nor calm; the governor deals with it.
-        self.best_loss[rows] = np.where(ok, np.minimum(self.best_loss[rows], val_loss), self.best_loss[rows])
+        self.best_loss[rows] = np.where(
+            ok, np.minimum(self.best_loss[rows], val_loss), self.best_loss[rows]
+        )
         best = self.best_acc[rows]
         improved = ok & (val_acc >= best + self.plateau_gain_pp)
-        self.best_acc[rows] = np.where(improved, val_acc, np.where(ok, np.maximum(best, val_acc), best))
+        self.best_acc[rows] = np.where(
+            improved, val_acc, np.where(ok, np.maximum(best, val_acc), best)
+        )
         self.plateau_count[rows] = np.where(improved, 0, self.plateau_count[rows] + 1)
         compared = ok & np.isfinite(prev_acc)
         calm = compared & (val_acc - prev_acc < self.stabilise_gain_pp)
@@ -96,6 +113,11 @@ class Signals:
         calm_epochs = np.where(calm, calm_epochs + 1, np.where(compared | ~ok, 0, calm_epochs))
         self.calm_epochs[rows] = calm_epochs
         self.host_stabilised[rows] |= compared & (calm_epochs >= self.stabilise_epochs)
+
+    def copy_row(self, other: Signals, src: int, dst: int) -> None:
+        """Row ``src`` of ``other`` into row ``dst`` (same history length)."""
+        for name in _ROW_ARRAYS:
+            getattr(self, name)[dst] = getattr(other, name)[src]
 
     def reset(self, rows: Any = slice(None)) -> None:
         self.loss_history[rows] = 0.0

@@ -11,6 +11,7 @@ real hub is returned unchanged: the hot path pays nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -32,6 +33,12 @@ class EmitLogHub(DelegatingHub):
         self._inner.emit(event)
         if event.seq != UNSTAMPED_SEQ and self._fd >= 0:
             os.write(self._fd, f"{event.seq} {event.ts_ns}\n".encode())
+
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        self._inner.emit_batch(events)
+        lines = [f"{e.seq} {e.ts_ns}\n" for e in events if e.seq != UNSTAMPED_SEQ]
+        if lines and self._fd >= 0:
+            os.write(self._fd, "".join(lines).encode())
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         try:

@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -77,6 +78,12 @@ class Hub:
 
     def emit(self, event: Event) -> None:
         raise NotImplementedError
+
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        """Emit events of one type, in order: one call for a whole step's events (the
+        hubs that buffer take their lock once; this default emits them one by one)."""
+        for event in events:
+            self.emit(event)
 
     @property
     def next_seq(self) -> int:
@@ -156,6 +163,26 @@ class StampingHub(Hub):
         _force_setattr(event, "ts_ns", _time_ns())
         _force_setattr(event, "rank", self.rank)
 
+    def _stamp_all(self, events: Sequence[Event]) -> None:
+        """:meth:`_stamp` of each event, in order (caller holds the lock)."""
+        run_id, rank, seq = self.run_id, self.rank, self._seq
+        for event in events:
+            if event.seq != UNSTAMPED_SEQ:
+                raise _already_emitted(event)
+            _force_setattr(event, "run_id", run_id)
+            _force_setattr(event, "seq", seq)
+            _force_setattr(event, "ts_ns", _time_ns())
+            _force_setattr(event, "rank", rank)
+            seq += 1
+        self._seq = seq
+
+    def _recorded(self, events: Sequence[Event]) -> bool:
+        """Whether a batch of one event type passes the level filter."""
+        try:
+            return bool(events) and _LEVELS[type(events[0])] <= self.level
+        except KeyError:
+            raise _unknown_event(events[0]) from None
+
     @property
     def next_seq(self) -> int:
         return self._seq
@@ -175,7 +202,8 @@ class StampingHub(Hub):
 class DelegatingHub(Hub):
     """Wraps ``inner``: every piece of state (level, ``seq``, writer) lives there.
 
-    Subclasses override what they change (``emit``, ``close``) and forward the rest.
+    Subclasses override what they change (``emit``, ``close``) and forward the rest; one
+    that overrides ``emit`` overrides ``emit_batch`` too.
     """
 
     def __init__(self, inner: Hub, *, rank: int | None = None) -> None:
@@ -197,6 +225,9 @@ class DelegatingHub(Hub):
 
     def emit(self, event: Event) -> None:
         self._inner.emit(event)
+
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        self._inner.emit_batch(events)
 
     @property
     def next_seq(self) -> int:
@@ -267,6 +298,22 @@ class TelemetryHub(StampingHub):
             self._stamp(event)
             self._buf.append(event)
 
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        """:meth:`emit` of events of one type, under one lock (one by one when the
+        buffer has no room for all of them)."""
+        if not self._recorded(events):
+            return
+        if self._closed or self._writer.error is not None:
+            self._writer.raise_if_failed()
+            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+        with self._lock:
+            if len(self._buf) + len(events) <= self._capacity:
+                self._stamp_all(events)
+                self._buf.extend(events)
+                return
+        for event in events:
+            self.emit(event)
+
     def flush(self) -> None:
         if self._closed:
             self._writer.raise_if_failed()
@@ -319,6 +366,9 @@ class NullHub(StampingHub):
     def emit(self, event: Event) -> None:
         return None
 
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        return None
+
     def set_level(
         self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
     ) -> None:
@@ -354,6 +404,15 @@ class MemoryHub(StampingHub):
             raise _already_emitted(event)
         with self._lock:
             self._stamp_and_store(event)
+
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        if not self._recorded(events):
+            return
+        if self._closed:
+            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        with self._lock:
+            self._stamp_all(events)
+            self.events.extend(events)
 
     def _stamp_and_store(self, event: Event) -> None:
         self._stamp(event)

@@ -1,31 +1,17 @@
 """Execute one decoded action on one env and report what happened.
 
-The single entry point :func:`execute_action` returns a small typed
-:class:`ActionOutcome`; the lifecycle records the model reports land in the env's
-``pending`` list and are turned into events by the trainer.
+The single entry point :func:`execute_action` runs for the envs whose action is not
+WAIT (the rest need nothing) and says whether the op took effect; the lifecycle records
+the model reports land in the round's table (:meth:`EnvTable.reporter`) and are turned
+into events by the recorder.
 """
 
 from __future__ import annotations
 
-import msgspec
-
 from esper.core.enums import Initiator, LifecycleOp, PruneReason
-from esper.core.records import SlotReport
 from esper.policy.actions import DecodedAction
 from esper.training.env_factory import make_seed_optimizer
 from esper.training.env_state import EnvState
-
-
-class ActionOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    executed: bool
-    slot_before: SlotReport | None
-    slot_after: SlotReport | None
-
-
-def _report(env: EnvState, slot_id: str | None) -> SlotReport | None:
-    if slot_id is None or slot_id not in env.model.slot_ids:
-        return None
-    return env.model.slot(slot_id).report()
 
 
 def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
@@ -78,17 +64,11 @@ def sync_seed_optimizers(env: EnvState) -> None:
 
 def execute_action(
     env: EnvState, action: DecodedAction, *, step: int, initiator: Initiator
-) -> ActionOutcome:
-    """Run the lifecycle op; keep optimizers and governor snapshots in step with it."""
-    before = _report(env, action.slot_id)
+) -> bool:
+    """Run the lifecycle op of one env that acts (WAIT needs no call); keep governor
+    snapshots in step with it. Returns whether it took effect; its seed optimizers are
+    brought in line by :func:`sync_seed_optimizers` before the next train pass."""
     executed = _apply(env, action, initiator)
-    sync_seed_optimizers(env)
     if executed and action.op == LifecycleOp.FOSSILIZE:
         env.governor.maybe_snapshot(step, env.model, force=True)
-    env.last_op = int(action.op)
-    env.last_success = executed
-    return ActionOutcome(
-        executed=executed,
-        slot_before=before,
-        slot_after=_report(env, action.slot_id),
-    )
+    return executed

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,16 +34,18 @@ class PassOptions:
 
 
 @dataclass(frozen=True)
-class EnvStepStats:
-    """Host-side numbers of one env for one step (after the single transfer)."""
+class StepStats:
+    """The step's numbers for every env, as columns (after the single transfer)."""
 
-    train_loss: float
-    train_acc: float
-    val_loss: float
-    val_acc: float
-    config_accs: tuple[float, ...]  # percent, one per ablation config (row 0 = real)
-    grad_norms: tuple[float, ...]
-    extra: tuple[float, ...] = ()  # debug-level per-layer stats, LAYER_STAT_FIELDS per layer
+    train_loss: np.ndarray  # [N]
+    train_acc: np.ndarray  # [N] percent
+    val_loss: np.ndarray  # [N]
+    val_acc: np.ndarray  # [N] percent
+    #: Percent, one per configuration row (:class:`~esper.training.counterfactual.Ablations`).
+    config_accs: np.ndarray  # [R]
+    grad_norms: np.ndarray  # [N, S, 2]: per slot [seed norm, host norm at the slot]
+    #: Debug level: per env, LAYER_STAT_FIELDS values per layer.
+    extra: list[np.ndarray] | None = None
 
 
 def stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
@@ -138,8 +141,9 @@ def train_epoch(
     opts: PassOptions,
     *,
     nan_envs: frozenset[int] = frozenset(),
-) -> None:
-    """One pass of the shared batch iterator; each env trains on its share."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass of the shared batch iterator; each env trains on its share. Returns the
+    train sums ``[N, 3]`` (TRAIN_ACCUM) and last-batch gradient norms ``[N, S, 2]``."""
     for env in envs:
         env.model.train()
         assert env.train_accum is not None
@@ -164,45 +168,65 @@ def train_epoch(
         with stream_ctx(env):
             env.last_grad_norms = env.model.grad_norms()
     synchronize(envs)
+    return train_results(envs)
+
+
+def train_results(envs: Sequence[EnvState]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every env's train sums ``[N, 3]`` and gradient norms ``[N, S, 2]``, stacked."""
+    home = envs[0].device
+    accum = torch.stack([e.train_accum.to(home) for e in envs if e.train_accum is not None])
+    norms = torch.stack([e.last_grad_norms.to(home) for e in envs])
+    return accum, norms
+
+
+#: A validation result's head per env: the real configuration's loss sum, the samples.
+VAL_HEAD = Layout(("loss_sum", 1), ("count", 1))
 
 
 def validate_fused(
     envs: Sequence[EnvState],
     val_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    alphas: Sequence[torch.Tensor | None],
+    configs: np.ndarray,
+    first: np.ndarray,
     opts: PassOptions,
-) -> list[torch.Tensor]:
-    """One pass over validation data; per env one fused forward for all configs.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over validation data; per env one fused forward for all its configs.
 
-    ``alphas[i]`` is env i's [K, n_slots] alpha matrix (row 0 = the real model), or
-    None when it has no active seed (then K = 1 and a plain forward is used). Returns,
-    per env, a device tensor ``[val_loss_sum, n, correct_0 .. correct_{K-1}]``.
+    ``configs[first[i]:first[i+1]]`` are env i's alpha configurations ``[K, n_slots]``
+    (its real one first; an env with one configuration runs a plain forward). Returns
+    ``[N, 2]`` (VAL_HEAD) and the correct count of every configuration row ``[R]``.
     """
-    results: list[torch.Tensor] = []
-    for env, alpha in zip(envs, alphas, strict=True):
+    table = torch.from_numpy(np.ascontiguousarray(configs, dtype=np.float32))
+    bounds = np.append(first, len(configs)).tolist()
+    heads, correct = [], []
+    for i, env in enumerate(envs):
+        k = bounds[i + 1] - bounds[i]
         env.model.eval()
-        k = 1 if alpha is None else alpha.shape[0]
-        lay = val_layout(k)
-        acc = torch.zeros(lay.width, device=env.device)
+        acc = torch.zeros(VAL_HEAD.width + k, device=env.device)
         with stream_ctx(env), torch.inference_mode():
-            alpha_dev = None if alpha is None else alpha.to(env.device, non_blocking=True)
+            alphas = None
+            if k > 1:
+                rows = table[bounds[i] : bounds[i + 1]]
+                alphas = rows.to(env.device, non_blocking=True)
             for x, y in val_batches:
                 x, y = _prepare_inputs(env, x, y, opts)
                 with autocast(env.device, opts.amp):
-                    if alpha_dev is None:
+                    if alphas is None:
                         logits = env.model(x).unsqueeze(0)
                     else:
-                        logits = env.model.fused_forward(x, alpha_dev)
+                        logits = env.model.fused_forward(x, alphas)
                 flat_real = logits[0].reshape(-1, logits.shape[-1]).float()
-                acc[lay.index("loss_sum")] += F.cross_entropy(
+                acc[VAL_HEAD.index("loss_sum")] += F.cross_entropy(
                     flat_real, y.reshape(-1), reduction="sum"
                 )
-                acc[lay.index("count")] += y.numel()
+                acc[VAL_HEAD.index("count")] += y.numel()
                 hits = logits.argmax(dim=-1) == y.unsqueeze(0)
-                acc[lay["correct"]] += hits.reshape(k, -1).sum(dim=1)
-        results.append(acc)
+                acc[VAL_HEAD.width :] += hits.reshape(k, -1).sum(dim=1)
+        heads.append(acc[: VAL_HEAD.width])
+        correct.append(acc[VAL_HEAD.width :])
     synchronize(envs)
-    return results
+    home = envs[0].device
+    return torch.stack([h.to(home) for h in heads]), torch.cat([c.to(home) for c in correct])
 
 
 #: Per-layer gradient statistics (debug level), in this order per layer.
@@ -233,55 +257,40 @@ def layer_grad_stats(model: torch.nn.Module) -> tuple[list[str], torch.Tensor]:
 
 
 def gather_step_stats(
-    envs: Sequence[EnvState],
-    val_results: Sequence[torch.Tensor],
+    train: torch.Tensor,
+    grads: torch.Tensor,
+    val_head: torch.Tensor,
+    correct: torch.Tensor,
+    first: np.ndarray,
     extras: Sequence[torch.Tensor] | None = None,
-) -> list[EnvStepStats]:
-    """Pack every env's device numbers (plus optional debug extras) and transfer ONCE."""
-    parts: list[torch.Tensor] = []
-    layouts: list[Layout] = []
-    home = envs[0].device
-    for i, (env, val) in enumerate(zip(envs, val_results, strict=True)):
-        assert env.train_accum is not None
-        grads = env.last_grad_norms.reshape(-1).float()
-        extra = extras[i].reshape(-1).float() if extras is not None else grads[:0]
-        row = {"train": env.train_accum, "val": val, "grads": grads, "extra": extra}
-        parts += [t.to(home) for t in row.values()]
-        layouts.append(Layout(*((name, t.numel()) for name, t in row.items())))
-    host = host_copy(torch.cat(parts))  # the step's single device-to-host transfer
-    return _unpack(host, layouts)
-
-
-def val_layout(n_configs: int) -> Layout:
-    """A validation result: loss sum, sample count, then correct per config (real first)."""
-    return Layout(("loss_sum", 1), ("count", 1), ("correct", n_configs))
-
-
-def _unpack(host: list[float], layouts: Sequence[Layout]) -> list[EnvStepStats]:
-    out: list[EnvStepStats] = []
-    i = 0
-    for lay in layouts:
-        row = host[i : i + lay.width]
-        i += lay.width
-        train, val = lay.get(row, "train"), lay.get(row, "val")
-        loss_sum, correct, count = (
-            TRAIN_ACCUM.one(train, k) for k in ("loss_sum", "correct", "count")
-        )
-        val_lay = val_layout(len(val) - val_layout(0).width)
-        n_val = max(val_lay.one(val, "count"), 1.0)
-        correct_val = val_lay.get(val, "correct")
-        out.append(
-            EnvStepStats(
-                train_loss=loss_sum / max(count, 1.0),
-                train_acc=100.0 * correct / max(count, 1.0),
-                val_loss=val_lay.one(val, "loss_sum") / n_val,
-                val_acc=100.0 * correct_val[0] / n_val,
-                config_accs=tuple(100.0 * c / n_val for c in correct_val),
-                grad_norms=tuple(lay.get(row, "grads")),
-                extra=tuple(lay.get(row, "extra")),
-            )
-        )
-    return out
+) -> StepStats:
+    """Pack the step's device numbers and transfer them ONCE: the train sums ``[N, 3]``
+    (TRAIN_ACCUM), the gradient norms ``[N, S, 2]``, the validation ``[N, 2]`` (loss sum,
+    count) and ``correct`` per configuration row ``[R]`` (env i's real row at
+    ``first[i]``), plus the debug-level extras of each env."""
+    home = train.device
+    parts = [train.float(), grads.float(), val_head.float(), correct.float()]
+    extra_parts = [e.reshape(-1).float().to(home) for e in extras] if extras is not None else []
+    flat = torch.cat([p.reshape(-1) for p in parts] + extra_parts)
+    host = host_copy(flat, array=True).astype(np.float64)  # the step's one transfer
+    sizes = [p.numel() for p in parts]
+    tr, gr, vh, co, rest = np.split(host, np.cumsum(sizes))
+    tr, vh = tr.reshape(-1, TRAIN_ACCUM.width), vh.reshape(-1, VAL_HEAD.width)
+    count = np.maximum(tr[:, TRAIN_ACCUM.index("count")], 1.0)
+    n_val = np.maximum(vh[:, VAL_HEAD.index("count")], 1.0)
+    config_accs = 100.0 * co / np.repeat(n_val, np.diff(np.append(first, co.size)))
+    extra = None
+    if extras is not None:
+        extra = np.split(rest, np.cumsum([e.numel() for e in extras])[:-1])
+    return StepStats(
+        train_loss=tr[:, TRAIN_ACCUM.index("loss_sum")] / count,
+        train_acc=100.0 * tr[:, TRAIN_ACCUM.index("correct")] / count,
+        val_loss=vh[:, VAL_HEAD.index("loss_sum")] / n_val,
+        val_acc=100.0 * co[first] / n_val,
+        config_accs=config_accs,
+        grad_norms=gr.reshape(grads.shape),
+        extra=extra,
+    )
 
 
 def synchronize(envs: Sequence[EnvState]) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -340,3 +340,8 @@ class RankHub(DelegatingHub):
         if self._drop_run_level and isinstance(event, RUN_LEVEL_EVENTS):
             return
         self._inner.emit(event)
+
+    def emit_batch(self, events: Sequence[Event]) -> None:
+        if events and self._drop_run_level and isinstance(events[0], RUN_LEVEL_EVENTS):
+            return  # a batch holds events of one type
+        self._inner.emit_batch(events)

@@ -147,6 +147,8 @@ class EnvFactory:
                 else None
             ),
         )
-        model.set_reporter(env.pending.append)
+        model.set_reporter(table.reporter(local))
+        table.host_params[local] = descriptor.params
+        table.ref_params[local] = model.ref_params()
         governor.maybe_snapshot(0, model, force=True)
         return env

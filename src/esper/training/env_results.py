@@ -1,30 +1,30 @@
 """What :class:`~esper.training.envs.HostEnvs` hands back to the trainer: plain data.
 
 Everything here is host-side (numbers already transferred, lifecycle records already
-drained), so the trainer, the learner and the :class:`~esper.training.recorder.Recorder`
-consume the results of a step without touching an env or a device tensor. Rollbacks and
-their penalties travel as :class:`Rollback` values, not as mutations of pending state.
+drained) and, for what every env has, columns: one array per quantity with the env as
+its first dimension. The trainer, the learner and the
+:class:`~esper.training.recorder.Recorder` consume a step's results without a Python
+call per env. Rollbacks and their penalties travel as :class:`Rollback` values (a few
+per round), not as mutations of pending state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Generic, TypeVar, overload
 
+import numpy as np
 import torch
 
-from esper.core.records import (
-    CounterfactualRecord,
-    LifecycleRecord,
-    RewardBreakdown,
-    RollbackRecord,
-    SlotReport,
-)
-from esper.model.metrics import ParamCounts
-from esper.policy.actions import DecodedAction
+from esper.core.records import LifecycleRecord, RollbackRecord, SlotReport
 from esper.policy.masks import ActionMasks
 from esper.policy.signals import SignalTracker
-from esper.training.batch_ops import EnvStepStats
-from esper.training.env_state import EpisodeStats
+from esper.training.batch_ops import StepStats
+from esper.training.counterfactual import Attribution
+
+#: Lifecycle records with the row (this rank's env position) of the env that made them.
+Records = list[tuple[int, LifecycleRecord]]
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Rollback:
     from_step: int  # the snapshot's step: the segment after it is undone
     to_step: int  # the panic step
     record: RollbackRecord
-    pruned_records: list[LifecycleRecord]  # the seeds the rollback pruned
+    pruned_records: Records  # the seeds the rollback pruned
 
     @property
     def penalty(self) -> float:
@@ -63,48 +63,89 @@ class Rollback:
 
 
 @dataclass
-class EnvEpoch:
-    """One env after one host epoch: metrics, attribution, rollback, lifecycle records."""
+class Epoch:
+    """Every env after one host epoch: metrics, attribution, rollbacks, lifecycle records."""
 
-    index: int  # global env index
-    stats: EnvStepStats
-    counterfactual: CounterfactualRecord
-    records: list[LifecycleRecord]  # what the epoch's ticks reported (after any rollback)
-    rollback: Rollback | None = None
-    layer_names: list[str] = field(default_factory=list)  # debug level only
+    stats: StepStats
+    attribution: Attribution
+    slot_ids: tuple[str, ...]  # the attribution's slot order
+    records: Records  # what the epoch's ticks reported (after any rollback)
+    rollbacks: list[Rollback] = field(default_factory=list)
+    #: Debug level: each env's layer names (its ``stats.extra`` values, in order).
+    layer_names: list[list[str]] | None = None
+
+
+T = TypeVar("T")
+
+
+class Lazy(Sequence[T], Generic[T]):
+    """A per-env sequence whose items are made only when read (what a rule-based policy
+    reads of each env; the learned policy never does)."""
+
+    def __init__(self, n: int, item: Callable[[int], T]) -> None:
+        self._n = n
+        self._item = item
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | Sequence[T]:
+        if isinstance(i, slice):
+            return [self._item(j) for j in range(self._n)[i]]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._item(i % self._n)
+
+    def __iter__(self) -> Iterator[T]:
+        return (self._item(j) for j in range(self._n))
 
 
 @dataclass
 class Observation:
-    """What the policy sees of all envs at one step (device tensors, one batch)."""
+    """What the policy sees of all envs at one step (device tensors, one batch), and
+    the host-side context a rule-based policy reads, made on demand."""
 
     obs: torch.Tensor
     blueprint_ids: torch.Tensor
     masks: ActionMasks
-    reports: list[tuple[SlotReport, ...]]
-    trackers: list[SignalTracker]
+    reports: Sequence[tuple[SlotReport, ...]]
+    trackers: Sequence[SignalTracker]
 
 
 @dataclass
-class EnvTransition:
-    """One env's response to its action: outcome, reward, lifecycle records."""
+class Transitions:
+    """Every env's response to its action: head indices, whether it took effect, the
+    reward breakdown ``[N, len(REWARD_COMPONENTS) + 1]`` (total last), and the lifecycle
+    records the actions reported."""
 
-    index: int
-    action: DecodedAction
-    executed: bool
-    reward: RewardBreakdown
-    records: list[LifecycleRecord]
+    heads: np.ndarray  # [N, H] the actions' head indices
+    executed: np.ndarray  # [N] bool
+    rewards: np.ndarray  # [N, C + 1]
+    records: Records
+
+    @property
+    def totals(self) -> np.ndarray:
+        out: np.ndarray = self.rewards[:, -1]
+        return out
 
 
 @dataclass
-class EnvSummary:
-    """One env's current metrics and episode totals (env_step / episode_finished)."""
+class Summaries:
+    """Every env's current metrics and episode totals (env_step / episode_finished)."""
 
-    index: int
-    val_acc: float
-    val_loss: float
-    params: ParamCounts
-    active_seeds: int
-    episode: EpisodeStats
-    #: The env's host family member ("" without a family).
-    host: str = ""
+    index: np.ndarray  # global env indices
+    val_acc: np.ndarray
+    val_loss: np.ndarray
+    host_params: np.ndarray
+    seed_params: np.ndarray
+    effective_params: np.ndarray
+    active_seeds: np.ndarray
+    episode: dict[str, np.ndarray]
+    #: Each env's host family member ("" without a family).
+    hosts: list[str]

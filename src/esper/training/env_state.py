@@ -6,17 +6,15 @@ path allocates nothing and never synchronises; host-side counters are plain Pyth
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from esper.config import HostConfig
+from esper.core.columns import RowField
 from esper.core.host_family import HostDescriptor
 from esper.core.layout import Layout
-from esper.core.records import LifecycleRecord
-from esper.core.columns import RowField
 from esper.training.env_table import EnvTable, EpisodeStats
 
 #: ``EnvState.train_accum``: the train pass's running sums, on device.
@@ -57,8 +55,6 @@ class EnvState:
     host: HostDescriptor | None = None
     stream: torch.cuda.Stream | None = None
     scaler: torch.amp.GradScaler | None = None
-    #: Lifecycle records reported by the model since the last drain (the model's callback).
-    pending: list[LifecycleRecord] = field(default_factory=list)
     # Device accumulators for one train epoch: [loss_sum, correct, count].
     train_accum: torch.Tensor | None = None
     # Gradient norms of the last train batch (device tensor from ``model.grad_norms()``).
@@ -115,14 +111,6 @@ class EnvState:
         self.seed_optimizers.clear()
         if self.store is not None:
             self.store.clear_momentum(self)
-
-    def drain_records(self) -> list[LifecycleRecord]:
-        """The lifecycle records since the last drain, counted into the episode."""
-        # Cleared in place: the model's reporter holds a bound ``pending.append``.
-        records = list(self.pending)
-        self.pending.clear()
-        self.table.count(self.row, records)
-        return records
 
     def next_seed_id(self) -> str:
         counter = self.seed_counter + 1

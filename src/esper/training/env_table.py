@@ -15,6 +15,7 @@ policy's signals are :class:`~esper.policy.signals.Signals`, the governor's watc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,11 +62,19 @@ class EnvTable:
         self.last_op = np.zeros(n, dtype=np.int64)
         self.last_success = np.ones(n, dtype=bool)
         self.seed_counter = np.zeros(n, dtype=np.int64)
+        # Parameter counts that never change within a round (set by the env factory):
+        # each host's, and per slot the host parameters its seed is compared with.
+        self.host_params = np.zeros(n, dtype=np.int64)
+        self.ref_params = np.zeros((n, n_slots), dtype=np.int64)
         # The reward's memory of the previous step (shaping telescopes across steps).
         self.memory_set = np.zeros(n, dtype=bool)
         self.memory_alphas = np.zeros((n, n_slots))
         self.memory_potential = np.zeros(n)
         self.memory_seed_params = np.zeros(n, dtype=np.int64)
+        #: Lifecycle records as reported, with their env's row (:meth:`reporter`).
+        self.records: list[tuple[int, LifecycleRecord]] = []
+        #: Rows whose seeds changed since their optimizers were last brought in line.
+        self.changed: set[int] = set()
         # Episode totals.
         self.episode: dict[str, np.ndarray] = {
             **{k: np.zeros(n) for k in EPISODE_FLOATS},
@@ -87,12 +96,24 @@ class EnvTable:
         guard = Guard(n, cfg.governor, random_guess_loss=spec.random_guess_loss)
         return cls(n, n_slots, signals=signals, guard=guard)
 
-    def count(self, row: int, records: list[LifecycleRecord]) -> None:
-        """Count an env's lifecycle records into its episode totals."""
-        for rec in records:
-            name = COUNTED.get(type(rec))
+    def reporter(self, row: int) -> Callable[[LifecycleRecord], None]:
+        """Where env ``row``'s model reports its lifecycle records: into :attr:`records`
+        (in the order they happen), counted into its episode totals, and the env marked
+        as changed in structure (its seed optimizers are brought in line)."""
+
+        def report(record: LifecycleRecord) -> None:
+            self.records.append((row, record))
+            self.changed.add(row)
+            name = COUNTED.get(type(record))
             if name is not None:
                 self.episode[name][row] += 1
+
+        return report
+
+    def drain(self) -> list[tuple[int, LifecycleRecord]]:
+        """The (row, record) pairs reported since the last drain."""
+        records, self.records = self.records, []
+        return records
 
 
 class EpisodeStats:

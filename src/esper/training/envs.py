@@ -1,74 +1,85 @@
 """The vectorized host environment: N host networks stepped in lockstep.
 
 :class:`HostEnvs` is to the trainer what a VecEnv is to an on-policy algorithm. It owns
-the per-env states (host, seeds, optimizers, governor, signal tracker), the train and
-validation passes, the counterfactuals, action execution and step rewards, behind four
-calls::
+the round's envs (hosts, seeds, optimizers, governor snapshots) and their state as one
+:class:`~esper.training.env_table.EnvTable`, the train and validation passes, the
+counterfactuals, action execution and step rewards, behind four calls::
 
     reset(rnd)                        fresh, deterministically seeded hosts
-    advance(rnd, step) -> [EnvEpoch]  one host epoch: train, validate, attribute, govern
+    advance(rnd, step) -> Epoch       one host epoch: train, validate, attribute, govern
     observe(step) -> Observation      features and masks for one batched policy forward
-    step(actions, step) -> [EnvTransition]   execute, reward, lifecycle records
+    step(heads, step) -> Transitions  execute, reward, lifecycle records
 
-It emits no events and knows no learner: rollbacks, penalties and lifecycle records come
-back as data (:mod:`esper.training.env_results`). Its one device-to-host transfer per
-step is :func:`batch_ops.gather_step_stats` (plus one per rollback, for the restored
-model's metrics). A batched implementation (stacked host parameters, one graph for all
-envs) would sit behind the same four calls.
+Each call is array work over every env at once; Python runs per env only where a
+model's structure changes (an action other than WAIT, a rollback, a snapshot, a stage
+change). It emits no events and knows no learner: rollbacks, penalties and lifecycle
+records come back as data (:mod:`esper.training.env_results`). Its one device-to-host
+transfer per step is :func:`batch_ops.gather_step_stats` (plus one per rollback, for
+the restored model's metrics).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from esper.config import Config
-from esper.core.enums import Initiator
-from esper.core.host_family import HostDescriptor
+from esper.core.constants import FORWARD_STAGES, OCCUPYING
+from esper.core.enums import Initiator, LifecycleOp, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
-from esper.policy.actions import ActionSpace, DecodedAction
-from esper.policy.features import build_features
+from esper.model.lifecycle import BLENDED_STAGES
+from esper.model.metrics import record_contributions, record_gradients
+from esper.model.slot_table import STAGE_CODE, codes
+from esper.model.ticks import LIVE_CODES, tick_slots
+from esper.policy.actions import ActionSpace, decode_action
+from esper.policy.features import build_features, host_features
 from esper.policy.masks import compute_masks
-from esper.training.action_execution import execute_action
+from esper.training.action_execution import execute_action, sync_seed_optimizers
 from esper.training.batch_ops import (
-    EnvStepStats,
     PassOptions,
+    StepStats,
     gather_step_stats,
     layer_grad_stats,
     train_epoch,
     validate_fused,
 )
-from esper.training.counterfactual import (
-    AblationPlan,
-    attribute,
-    build_ablation_configs,
-    measurable_seeds,
-)
+from esper.training.counterfactual import Ablations, ablations, attribute, unavailable_reasons
 from esper.training.env_factory import EnvFactory
 from esper.training.env_results import (
-    EnvEpoch,
-    EnvSummary,
-    EnvTransition,
+    Epoch,
+    Lazy,
     Observation,
     PhaseTimes,
     Rollback,
+    Summaries,
+    Transitions,
 )
 from esper.training.env_state import EnvState
+from esper.training.env_table import EnvTable
 from esper.training.faults import FaultPlan, InjectedDataError
 from esper.training.host_batching import train_epoch_batched, validate_batched
-from esper.training.rewards import compute_reward
-from esper.training.step_rewards import build_reward_inputs
+from esper.training.rewards import compute_rewards
+from esper.training.step_rewards import (
+    SLOT_OPS,
+    Target,
+    effective_alphas,
+    param_columns,
+    reward_columns,
+)
 
 if TYPE_CHECKING:
     from esper.core.enums import AmpMode
 
 #: Validation batches are this many times the training batch (no gradients to keep).
 VAL_BATCH_FACTOR = 4
+#: Seeds whose gradients are measured: those that train (not while scheduled-pruned).
+_TRAINS = codes(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
+_OCCUPYING = codes(OCCUPYING, STAGE_CODE)
+_FORWARD = codes(FORWARD_STAGES, STAGE_CODE)
 
 
 class HostEnvs:
@@ -109,6 +120,9 @@ class HostEnvs:
             channels_last=cfg.task.channels_last,
         )
         self.states: list[EnvState] = []
+        self.table: EnvTable | None = None
+        #: With a host family: the hosts' observed descriptors, once per round.
+        self.host_rows: np.ndarray | None = None
         #: ``run.batch_envs`` resolved ("auto": on for float32 CUDA runs).
         self.batched = cfg.batches_envs()
 
@@ -140,94 +154,132 @@ class HostEnvs:
             **kwargs,
         )
 
+    @property
+    def t(self) -> EnvTable:
+        """The round's table (after :meth:`reset`)."""
+        assert self.table is not None, "reset() first"
+        return self.table
+
     # ------------------------------------------------------------------ the interface
     def reset(self, rnd: int) -> None:
         """Fresh hosts for round ``rnd`` (seeded by run seed, round and global env)."""
         self.states = self.factory.create_round(rnd)
+        self.table = self.states[0].table
+        self.table.drain()  # creation reports nothing an event needs
+        self.host_rows = None
+        if self.cfg.observes_host:
+            hosts = [env.host for env in self.states if env.host is not None]
+            self.host_rows = host_features(hosts, self.space.slot_ids)
 
     def advance(
         self, rnd: int, step: int, times: PhaseTimes, *, layer_stats: bool = False
-    ) -> list[EnvEpoch]:
+    ) -> Epoch:
         """One host epoch for every env: train, fused validation + counterfactual (ONE
-        transfer), then per env attribution, governor, lifecycle ticks and signals."""
-        stats, plans, names = self._host_passes(rnd, step, times, layer_stats=layer_stats)
-        return [
-            self._after_epoch(env, st, plan, layers, step)
-            for env, st, plan, layers in zip(self.states, stats, plans, names, strict=True)
-        ]
+        transfer), then attribution, governor, lifecycle ticks and signals."""
+        t = self.t
+        plan = ablations(
+            effective_alphas(t.slots),
+            unavailable_reasons(t.slots.stage, effective_alphas(t.slots)) == 0,
+            factorial=self.cfg.run.counterfactual_factorial,
+        )
+        stats, names = self._host_passes(rnd, step, plan, times, layer_stats=layer_stats)
+        t.prev_val_acc[:], t.prev_val_loss[:] = t.val_acc, t.val_loss
+        t.val_acc[:], t.val_loss[:] = stats.val_acc, stats.val_loss
+        slots = t.slots
+        found = attribute(
+            plan, stats.config_accs, unavailable_reasons(slots.stage, effective_alphas(slots))
+        )
+        r, c = np.nonzero(np.isfinite(found.contributions) & np.isin(slots.stage, LIVE_CODES))
+        record_contributions(slots, (r, c), found.contributions[r, c])
+        self._record_gradients(stats.grad_norms)
+        rollbacks = self._govern(stats, step)  # after a rollback: restored metrics
+        rows = np.arange(t.n)
+        tick_slots(slots, rows, t.val_acc, self._slot_of, auto_advance=self.cfg.host.auto_advance)
+        t.signals.update(t.val_loss, t.val_acc)
+        return Epoch(stats, found, self.space.slot_ids, t.drain(), rollbacks, names)
 
     def observe(self, step: int) -> Observation:
         """Features and action masks of all envs, batched on the policy's device."""
-        envs = self.states
-        reports = [env.model.slot_reports() for env in envs]
+        t = self.t
         deadline = self.cfg.policy.mask_late_germination
         masks = compute_masks(
-            reports,
+            t.slots,
             self.space,
             max_seeds=self.cfg.host.max_seeds,
             device=self.policy_device,
             steps_left=self.horizon - step if deadline else None,
             prune_after_blending=self.cfg.policy.prune_after_blending,
         )
-        trackers = [e.tracker for e in envs]
         obs, bp_ids = build_features(
-            trackers=trackers,
-            reports=reports,
+            trackers=t.signals,
+            reports=t.slots,
             epoch=step,
             max_epochs=self.horizon,
-            last_ops=[e.last_op for e in envs],
-            last_success=[e.last_success for e in envs],
+            last_ops=t.last_op,
+            last_success=t.last_success,
             device=self.policy_device,
-            hosts=self._hosts(),
+            hosts=self.host_rows,
         )
-        return Observation(obs, bp_ids, masks, reports, trackers)
+        states = self.states
+        return Observation(
+            obs,
+            bp_ids,
+            masks,
+            Lazy(len(states), lambda i: states[i].model.slot_reports()),
+            Lazy(len(states), lambda i: states[i].tracker),
+        )
 
-    def _hosts(self) -> list[HostDescriptor] | None:
-        """The envs' host descriptors, observed with a host family (None without)."""
-        if not self.cfg.observes_host:
-            return None
-        return [env.host for env in self.states if env.host is not None]
-
-    def step(self, actions: Sequence[DecodedAction], step: int) -> list[EnvTransition]:
-        """Execute each env's action and compute its reward (host-side, no sync)."""
-        terminal = step == self.horizon - 1
-        out: list[EnvTransition] = []
-        for env, action in zip(self.states, actions, strict=True):
-            outcome = execute_action(env, action, step=step, initiator=self.initiator)
-            inputs, env.reward_memory = build_reward_inputs(
-                env,
-                action,
-                outcome,
-                task=self.task.spec,
-                terminal=terminal,
-                param_basis=self.cfg.reward.param_cost_basis,
+    def step(self, heads: np.ndarray, step: int) -> Transitions:
+        """Execute each env's action (``heads[i]``: env i's head indices) and compute
+        every reward (host-side, no sync). Only the envs that act run Python."""
+        t = self.t
+        op = heads[:, 0]
+        target = Target.of(t.slots, np.where(SLOT_OPS[op], heads[:, 1], -1))
+        executed = np.ones(t.n, dtype=bool)
+        acting = np.nonzero(op != LifecycleOp.WAIT)[0]
+        for i, indices in zip(acting.tolist(), heads[acting].tolist(), strict=True):
+            action = decode_action(indices, self.space)
+            executed[i] = execute_action(
+                self.states[i], action, step=step, initiator=self.initiator
             )
-            reward = compute_reward(inputs, self.cfg.reward, gamma=self.cfg.ppo.gamma)
-            env.stats.reward_sum += reward.total
-            out.append(
-                EnvTransition(env.index, action, outcome.executed, reward, env.drain_records())
-            )
-        return out
+            t.changed.add(i)
+        for i in sorted(t.changed):
+            sync_seed_optimizers(self.states[i])
+        t.changed.clear()
+        t.last_op[:], t.last_success[:] = op, executed
+        cols = reward_columns(
+            t,
+            target,
+            op,
+            executed,
+            random_guess_loss=self.task.spec.random_guess_loss,
+            terminal=step == self.horizon - 1,
+            param_basis=self.cfg.reward.param_cost_basis,
+        )
+        rewards = compute_rewards(cols, self.cfg.reward, gamma=self.cfg.ppo.gamma)
+        t.episode["reward_sum"] += rewards[:, -1]
+        return Transitions(heads, executed, rewards, t.drain())
 
-    def summaries(self) -> list[EnvSummary]:
+    def summaries(self) -> Summaries:
         """Every env's current metrics and episode totals (computed on demand)."""
-        return [
-            EnvSummary(
-                index=env.index,
-                val_acc=env.val_acc,
-                val_loss=env.val_loss,
-                params=env.model.param_counts(),
-                active_seeds=env.model.active_seeds(),
-                episode=env.stats,
-                host=env.host.name if env.host is not None else "",
-            )
-            for env in self.states
-        ]
+        t = self.t
+        counts = param_columns(t)
+        return Summaries(
+            index=self.env_offset + np.arange(t.n),
+            val_acc=t.val_acc.copy(),
+            val_loss=t.val_loss.copy(),
+            host_params=counts.host,
+            seed_params=counts.seeds,
+            effective_params=counts.effective,
+            active_seeds=np.isin(t.slots.stage, _OCCUPYING).sum(axis=1),
+            episode={k: v.copy() for k, v in t.episode.items()},
+            hosts=[env.host.name if env.host is not None else "" for env in self.states],
+        )
 
     # ------------------------------------------------------------------ host passes
     def _host_passes(
-        self, rnd: int, step: int, times: PhaseTimes, *, layer_stats: bool
-    ) -> tuple[list[EnvStepStats], list[AblationPlan], list[list[str]]]:
+        self, rnd: int, step: int, plan: Ablations, times: PhaseTimes, *, layer_stats: bool
+    ) -> tuple[StepStats, list[list[str]] | None]:
         """Train epoch, fused validation + counterfactual rows, the step's one transfer."""
         envs = self.states
         t0 = time.perf_counter()
@@ -235,9 +287,8 @@ class HostEnvs:
             raise InjectedDataError(f"injected data-loader failure at round {rnd}, step {step}")
         nan_envs = frozenset(e.index for e in envs if self.faults.nan_loss(rnd, step, e.index))
         epoch = rnd * self.horizon + step
-        plans: list[AblationPlan]
         if self.batched:
-            train_epoch_batched(
+            train, grads = train_epoch_batched(
                 envs,
                 self.iterator.epoch_stacked(epoch),
                 self.opts,
@@ -245,77 +296,74 @@ class HostEnvs:
                 expose_grads=layer_stats,
             )
             t1 = time.perf_counter()
-            plans = [self._ablation_plan(env) for env in envs]
-            configs = [p.alphas if p.active else None for p in plans]
-            val = validate_batched(envs, self.val, configs, self.opts)
+            head, correct = validate_batched(envs, self.val, plan.alphas, plan.first, self.opts)
         else:
-            train_epoch(envs, self.iterator.epoch(epoch), self.opts, nan_envs=nan_envs)
+            train, grads = train_epoch(
+                envs, self.iterator.epoch(epoch), self.opts, nan_envs=nan_envs
+            )
             t1 = time.perf_counter()
-            plans = [self._ablation_plan(env) for env in envs]
-            alphas = [
-                torch.tensor(p.alphas, dtype=torch.float32) if p.active else None for p in plans
-            ]
-            val = validate_fused(envs, self.val, alphas, self.opts)
+            head, correct = validate_fused(envs, self.val, plan.alphas, plan.first, self.opts)
         layers = [layer_grad_stats(env.model) for env in envs] if layer_stats else None
-        stats = gather_step_stats(envs, val, [t for _, t in layers] if layers else None)
+        extras = [s for _, s in layers] if layers else None
+        stats = gather_step_stats(train, grads, head, correct, plan.first, extras)
         times.train_ms += (t1 - t0) * 1e3
         times.val_ms += (time.perf_counter() - t1) * 1e3
-        names = [n for n, _ in layers] if layers else [[] for _ in envs]
-        return stats, plans, names
+        return stats, [n for n, _ in layers] if layers else None
 
-    def _ablation_plan(self, env: EnvState) -> AblationPlan:
-        """Rows of the fused pass: real, leave-one-out, all-off or the full factorial."""
-        reports = env.model.slot_reports()
-        return build_ablation_configs(
-            measurable_seeds(reports),
-            len(reports),
-            factorial=self.cfg.run.counterfactual_factorial,
-            base_alphas=[r.alpha for r in reports],
-        )
+    # ------------------------------------------------------------------ after the epoch
+    def _slot_of(self, row: int, col: int) -> Any:
+        return self.states[row].model.slot_at(col)
 
-    def _after_epoch(
-        self, env: EnvState, st: EnvStepStats, plan: AblationPlan, names: list[str], step: int
-    ) -> EnvEpoch:
-        """Counterfactuals, gradient metrics, governor, ticks and signals of one env."""
-        env.prev_val_acc, env.prev_val_loss = env.val_acc, env.val_loss
-        env.val_acc, env.val_loss = st.val_acc, st.val_loss
-        reports = env.model.slot_reports()
-        cf = attribute(plan, st.config_accs, [r.slot_id for r in reports], reports)
-        for slot, contribution in zip(cf.slots, cf.contributions, strict=True):
-            if not math.isnan(contribution):  # measured
-                env.model.record_contribution(slot, contribution)
-        env.model.apply_grad_norms(st.grad_norms)
-        rollback = self._govern(env, st, step)  # after a rollback: restored metrics
-        env.model.tick(env.val_acc)
-        env.tracker.update(env.val_loss, env.val_acc)
-        return EnvEpoch(env.index, st, cf, env.drain_records(), rollback, names)
+    def _record_gradients(self, norms: np.ndarray) -> None:
+        """Each training seed's gradient norms (the last batch's, clipped) and health."""
+        slots = self.t.slots
+        trains = np.isin(slots.stage, _TRAINS) & ~slots.scheduled_prune
+        r, c = np.nonzero(trains)
+        record_gradients(slots, (r, c), norms[r, c, 0], norms[r, c, 1], self.t.ref_params[r, c])
 
-    def _govern(self, env: EnvState, st: EnvStepStats, step: int) -> Rollback | None:
-        """Snapshot a healthy host, or roll a collapsed one back to its snapshot."""
+    def _govern(self, stats: StepStats, step: int) -> list[Rollback]:
+        """Snapshot the healthy hosts that are due, roll collapsed ones back."""
         if not self.cfg.governor.enabled:
-            return None
-        panic = env.governor.check(step, st.train_loss)
-        if panic is None:
-            env.governor.maybe_snapshot(step, env.model)
-            return None
-        reason, threshold = panic
+            return []
+        t = self.t
+        panics = t.guard.check(stats.train_loss)
+        due = t.guard.snapshot_due(step)
+        due[[row for row, *_ in panics]] = False
+        for i in np.nonzero(due)[0].tolist():
+            self.states[i].governor.take_snapshot(step, self.states[i].model)
+        return [
+            self._rollback(self.states[row], reason, threshold, float(stats.train_loss[row]), step)
+            for row, reason, threshold in panics
+        ]
+
+    def _rollback(
+        self, env: EnvState, reason: Any, threshold: float, loss: float, step: int
+    ) -> Rollback:
+        """Restore one collapsed env to its snapshot; its accuracy and loss (what the
+        step's reward, a terminal reward and episode_finished use) become the restored
+        model's: one extra pass and transfer, on rollback steps only."""
+        t = self.t
+        mark = len(t.records)
         from_step = env.governor.snapshot_step
         record = env.governor.rollback(
             step,
             env.model,
             reason=reason,
-            loss=st.train_loss,
+            loss=loss,
             threshold=threshold,
             clear_optimizers=env.clear_optimizers,
             transitions_affected=0,  # the learner's count, filled in by the trainer
         )
-        # The env is the restored model now: its accuracy and loss (what the step's
-        # reward, a terminal reward and episode_finished use) must be that model's, not
-        # the failed one's. One extra pass and transfer, on rollback steps only.
-        (restored,) = gather_step_stats([env], validate_fused([env], self.val, [None], self.opts))
-        env.val_acc, env.val_loss = restored.val_acc, restored.val_loss
-        env.stats.rollbacks += 1
-        env.stats.rollback_penalty += record.penalty
-        env.stats.reward_sum += record.penalty
-        local = env.index - self.env_offset
-        return Rollback(local, from_step, step, record, env.drain_records())
+        pruned, t.records[mark:] = t.records[mark:], []
+        t.changed.add(env.row)
+        alphas = effective_alphas(t.slots)[env.row : env.row + 1]
+        first = np.zeros(1, dtype=np.int64)
+        head, correct = validate_fused([env], self.val, alphas, first, self.opts)
+        train = torch.zeros(1, 3, device=env.device)
+        grads = torch.zeros(1, 0, 2, device=env.device)
+        restored = gather_step_stats(train, grads, head, correct, first)
+        t.val_acc[env.row], t.val_loss[env.row] = restored.val_acc[0], restored.val_loss[0]
+        t.episode["rollbacks"][env.row] += 1
+        t.episode["rollback_penalty"][env.row] += record.penalty
+        t.episode["reward_sum"][env.row] += record.penalty
+        return Rollback(env.row, from_step, step, record, pruned)

@@ -75,7 +75,8 @@ class Guard:
         finite = np.isfinite(loss)
         warm = self.count >= cfg.min_history
         in_band = np.abs(loss - rgl) <= cfg.lobotomy_tolerance * rgl
-        filled = np.arange(self.history.shape[1])[None, :] >= self.history.shape[1] - self.count[:, None]
+        window = self.history.shape[1]
+        filled = np.arange(window)[None, :] >= window - self.count[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(filled, self.history, 0.0).sum(axis=1) / np.maximum(self.count, 1)
             var = np.where(filled, (self.history - mean[:, None]) ** 2, 0.0).sum(axis=1)
@@ -85,7 +86,11 @@ class Guard:
             np.maximum(mean + cfg.divergence_sigma * sigma, cfg.divergence_mean_factor * mean),
         )
         near = warm & (loss > bound * (1.0 - _BOUND_MARGIN))
-        exact = ~finite | (warm & in_band) | near
+        recent = filled & (np.arange(window)[None, :] >= window - cfg.lobotomy_recent)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            recent_mean = np.where(recent, self.history, 0.0).sum(axis=1) / recent.sum(axis=1)
+        was_low = recent_mean < cfg.lobotomy_below_fraction * rgl * (1.0 + _BOUND_MARGIN)
+        exact = ~finite | (warm & in_band & was_low) | near
         calm = ~exact  # no panic, not above the bound: the streak ends, the loss is kept
         rows = np.nonzero(calm)[0]
         self.divergent_run[rows] = 0
@@ -158,7 +163,8 @@ class Guard:
         return out
 
 
-#: Losses within this relative distance under the divergence bound are judged exactly.
+#: Losses within this relative distance under the divergence bound (and recent means
+#: within it over the lobotomy bound) are judged exactly.
 _BOUND_MARGIN = 1e-6
 
 

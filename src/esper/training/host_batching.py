@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -37,12 +38,13 @@ from esper.core.enums import SeedStage, Topology
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
 from esper.training.batch_ops import (
+    VAL_HEAD,
     PassOptions,
     autocast,
     stream_ctx,
     synchronize,
     train_batch,
-    val_layout,
+    train_results,
     validate_fused,
 )
 from esper.training.env_state import EnvState
@@ -146,7 +148,7 @@ def train_epoch_batched(
     *,
     nan_envs: frozenset[int] = frozenset(),
     expose_grads: bool = False,
-) -> None:
+) -> tuple[Tensor, Tensor]:
     """:func:`batch_ops.train_epoch` with the envs of one device trained as one
     :class:`slot_groups.HostBatch` (hosts stacked, seeds grouped per slot).
     ``expose_grads``: give every env's parameters their last gradients (debug layer
@@ -173,50 +175,35 @@ def train_epoch_batched(
             hosts.train_batch(x, y, opts, mask, last=j == len(steps) - 1)
         hosts.finish(expose_grads=expose_grads)
     synchronize(envs)
+    return train_results(envs)
 
 
 def validate_batched(
     envs: Sequence[EnvState],
     val_batches: Sequence[Batch],
-    alphas: Sequence[Tensor | Sequence[Sequence[float]] | None],
+    configs: np.ndarray,
+    first: np.ndarray,
     opts: PassOptions,
-) -> list[Tensor]:
-    """:func:`batch_ops.validate_fused` with the envs of one host key run as one batch
-    (same result layout: per env ``val_layout(K)``, as views of the batch's result).
-
-    ``alphas[i]``: env i's [K, n_slots] configurations (a tensor or nested floats), or
-    None for its current alphas alone.
-    """
-    results: dict[int, Tensor] = {}
+) -> tuple[Tensor, Tensor]:
+    """:func:`batch_ops.validate_fused` (same arguments and results) with the envs of
+    one host key run as one batch."""
+    bounds = np.append(first, len(configs)).tolist()
+    heads: dict[int, Tensor] = {}
+    correct: dict[int, Tensor] = {}
     for members in _groups(envs):
         group = [envs[i] for i in members]
-        rows = [alphas[i] for i in members]
+        rows = [configs[bounds[i] : bounds[i + 1]] for i in members]
         if len(members) == 1:
-            tensor_rows = [
-                None if r is None else torch.as_tensor(r, dtype=torch.float32) for r in rows
-            ]
-            results[members[0]] = validate_fused(group, val_batches, tensor_rows, opts)[0]
+            head, hits = validate_fused(group, val_batches, rows[0], np.zeros(1, np.int64), opts)
+            heads[members[0]], correct[members[0]] = head[0], hits
             continue
-        configs = [_config_rows(e, r) for e, r in zip(group, rows, strict=True)]
-        out = _validate_group(group, val_batches, configs, opts)
-        for i, k in zip(members, (len(c) for c in configs), strict=True):
-            results[i] = out[members.index(i), : val_layout(k).width]
+        out = _validate_group(group, val_batches, list(map(np.ndarray.tolist, rows)), opts)
+        width = VAL_HEAD.width
+        for j, (i, k) in enumerate(zip(members, (len(r) for r in rows), strict=True)):
+            heads[i], correct[i] = out[j, :width], out[j, width : width + k]
     synchronize(envs)
-    return [results[i] for i in range(len(envs))]
-
-
-def _config_rows(
-    env: EnvState, rows: Tensor | Sequence[Sequence[float]] | None
-) -> Sequence[Sequence[float]]:
-    """An env's alpha configurations as host floats (None: its current alphas alone).
-    The trainer passes floats; a tensor (tests, callers) must be a host tensor."""
-    if rows is None:
-        return [env.model.alpha_values()]
-    if isinstance(rows, Tensor):
-        assert rows.device.type == "cpu", "alpha configurations are host data"
-        values: list[list[float]] = rows.tolist()
-        return values
-    return rows
+    n = len(envs)
+    return torch.stack([heads[i] for i in range(n)]), torch.cat([correct[i] for i in range(n)])
 
 
 @torch.no_grad()
@@ -226,7 +213,8 @@ def _validate_group(
     configs: Sequence[Sequence[Sequence[float]]],
     opts: PassOptions,
 ) -> Tensor:
-    """[N, 2 + K] ``val_layout(K)`` rows, K the most configurations of any env: every
+    """[N, 2 + K] rows (VAL_HEAD, then correct per configuration), K the most
+    configurations of any env: every
     env's configurations in one batch (fewer are padded with copies of the real one).
 
     As ``MorphogeneticModel.fused_forward``: the batch is repeated K times and copy k
@@ -240,8 +228,7 @@ def _validate_group(
     device = envs[0].device
     table = torch.tensor(padded).to(device, non_blocking=True)  # [N, K, n_slots]
     n = table.shape[0]
-    lay = val_layout(k)
-    acc = torch.zeros(n, lay.width, device=device)
+    acc = torch.zeros(n, VAL_HEAD.width + k, device=device)
     per_sample: dict[int, Tensor] = {}
     for x, y in val_batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

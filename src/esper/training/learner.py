@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from esper.config import Config
@@ -22,7 +23,7 @@ from esper.core.enums import AmpMode, PolicyKind
 from esper.core.layout import Layout
 from esper.core.records import PPOMetrics
 from esper.core.transfer import host_copy
-from esper.policy.actions import N_HEADS, N_OPS, ActionSpace, DecodedAction, decode_action
+from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Policy, PolicyInput
@@ -46,10 +47,9 @@ DECISION_ROW = Layout(
 @dataclass
 class Decision:
     """The policy's choice for all envs: device tensors for the buffer, and the packed
-    host-side rows (one transfer) for execution and events."""
+    host-side rows (one transfer) for execution and events, read as columns."""
 
-    rows: list[list[float]]  # one DECISION_ROW per env
-    actions_decoded: list[DecodedAction]
+    rows: np.ndarray  # [N, DECISION_ROW.width] float64
     obs_normalized: torch.Tensor  # what the policy saw; what the buffer stores
     blueprint_ids: torch.Tensor
     masks: ActionMasks
@@ -58,21 +58,26 @@ class Decision:
     values: torch.Tensor
     hidden: tuple[torch.Tensor, torch.Tensor]
 
-    def head_indices(self, i: int) -> list[int]:
-        """Env ``i``'s raw head indices, in HEAD_NAMES order."""
-        return [int(v) for v in DECISION_ROW.get(self.rows[i], "actions")]
+    @property
+    def heads(self) -> np.ndarray:
+        """Every env's raw head indices [N, H], in HEAD_NAMES order."""
+        return self.rows[:, DECISION_ROW["actions"]].astype(np.int64)
 
-    def op_mask(self, i: int) -> list[bool]:
-        return [bool(v) for v in DECISION_ROW.get(self.rows[i], "op_mask")]
+    @property
+    def op_mask(self) -> np.ndarray:
+        return self.rows[:, DECISION_ROW["op_mask"]] != 0
 
-    def value(self, i: int) -> float:
-        return DECISION_ROW.one(self.rows[i], "value")
+    @property
+    def value(self) -> np.ndarray:
+        return self.rows[:, DECISION_ROW.index("value")]
 
-    def log_prob(self, i: int) -> float:
-        return DECISION_ROW.one(self.rows[i], "log_prob")
+    @property
+    def log_prob(self) -> np.ndarray:
+        return self.rows[:, DECISION_ROW.index("log_prob")]
 
-    def op_prob(self, i: int, op: int) -> float:
-        return DECISION_ROW.get(self.rows[i], "op_probs")[op]
+    @property
+    def op_probs(self) -> np.ndarray:
+        return self.rows[:, DECISION_ROW["op_probs"]]
 
 
 def resolve_amp(cfg: Config, device: torch.device) -> AmpMode:
@@ -165,11 +170,11 @@ class Learner:
             "op_mask": o.masks.op.float(),
         }
         assert tuple(parts) == DECISION_ROW.names
-        rows = host_copy(torch.cat(list(parts.values()), dim=1))  # the single transfer
+        packed = torch.cat(list(parts.values()), dim=1)
+        rows = host_copy(packed, array=True).astype(np.float64)  # the single transfer
         DECISION_ROW.check(rows[0])
-        decision = Decision(
+        return Decision(
             rows=rows,
-            actions_decoded=[],
             obs_normalized=obs_normalized,
             blueprint_ids=o.blueprint_ids,
             masks=o.masks,
@@ -178,14 +183,10 @@ class Learner:
             values=out.value,
             hidden=out.hidden,
         )
-        decision.actions_decoded = [
-            decode_action(decision.head_indices(i), self.space) for i in range(len(rows))
-        ]
-        return decision
 
     def record_step(
-        self, step: int, d: Decision, raw_rewards: list[float], *, terminal: bool
-    ) -> list[float]:
+        self, step: int, d: Decision, raw_rewards: np.ndarray, *, terminal: bool
+    ) -> np.ndarray:
         """Normalise the step's rewards and write the transition for all envs at once.
 
         ``terminal`` (the episode's last step) is a true terminal: the host is discarded
@@ -193,7 +194,7 @@ class Learner:
         observation carries the remaining budget (``epoch_frac``), so nothing is
         bootstrapped past it (docs/training.md, "Episode end").
         """
-        raw = torch.tensor(raw_rewards, dtype=torch.float32)
+        raw = torch.from_numpy(np.asarray(raw_rewards, dtype=np.float32))
         dones = torch.full((len(raw_rewards),), terminal, dtype=torch.bool)
         normalized = raw
         if self.cfg.reward.normalize:
@@ -214,7 +215,8 @@ class Learner:
                 dones=terminal,
                 hidden=d.hidden,
             )
-        return host_copy(normalized)  # host-side tensors: no device wait
+        out: np.ndarray = host_copy(normalized, array=True)  # host-side: no device wait
+        return out
 
     def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
         """Env's segment ends at the decision that led into the failed epoch, which

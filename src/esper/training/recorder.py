@@ -18,30 +18,30 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+import numpy as np
 import torch
 
 import esper
 from esper.config import Config, with_overrides
-from esper.core.constants import HEAD_NAMES
-from esper.core.enums import PolicyKind, RunStatus, TelemetryLevel
+from esper.core.constants import ALL_BLUEPRINTS, ALPHA_TARGETS, HEAD_NAMES, RELEVANT_HEADS
+from esper.core.enums import LifecycleOp, PolicyKind, RunStatus, TelemetryLevel
 from esper.core.records import (
     REWARD_COMPONENTS,
-    CounterfactualRecord,
     GateRecord,
     LifecycleRecord,
     PPOMetrics,
-    RewardBreakdown,
     RollbackRecord,
     SeedFossilizedRecord,
     SeedGerminatedRecord,
     SeedPrunedRecord,
     StageChangedRecord,
-    make_breakdown,
 )
+from esper.policy.actions import ActionSpace
 from esper.telemetry import events as ev
 from esper.telemetry.hub import Hub
-from esper.training.batch_ops import LAYER_STAT_FIELDS
-from esper.training.env_results import EnvEpoch, EnvSummary, EnvTransition, PhaseTimes
+from esper.training.batch_ops import LAYER_STAT_FIELDS, StepStats
+from esper.training.counterfactual import REASONS, Attribution
+from esper.training.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
 
 if TYPE_CHECKING:
     from esper.training.anomaly import Anomaly
@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from esper.training.trainer import RoundSummary
 
 _RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
+#: An op's name by its code, and the heads an ``action_taken`` of it reports masked.
+OP_NAMES = [op.name for op in LifecycleOp]
+MASKED_HEADS = [[h for h in HEAD_NAMES if h not in RELEVANT_HEADS[op]] for op in LifecycleOp]
+#: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
+_BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
 #: Lifecycle records whose fields are exactly their event's payload (enums as values).
 _SAME_FIELDS: dict[type, type[ev.Event]] = {
     SeedGerminatedRecord: ev.SeedGerminated,
@@ -58,35 +63,45 @@ _SAME_FIELDS: dict[type, type[ev.Event]] = {
 }
 
 
-class DecisionRows(Protocol):
-    """What an ``action_taken`` event reads of a decision (:class:`learner.Decision`)."""
+class DecisionColumns(Protocol):
+    """What ``action_taken`` events read of a decision (:class:`learner.Decision`)."""
 
-    def head_indices(self, i: int) -> list[int]: ...
+    @property
+    def op_mask(self) -> np.ndarray: ...
 
-    def op_mask(self, i: int) -> list[bool]: ...
+    @property
+    def value(self) -> np.ndarray: ...
 
-    def value(self, i: int) -> float: ...
+    @property
+    def log_prob(self) -> np.ndarray: ...
 
-    def log_prob(self, i: int) -> float: ...
-
-    def op_prob(self, i: int, op: int) -> float: ...
+    @property
+    def op_probs(self) -> np.ndarray: ...
 
 
 @dataclass
-class PendingReward:
-    """A step's reward, emitted one step late (see the module docstring)."""
+class PendingRewards:
+    """A step's rewards, emitted one step late (see the module docstring): the
+    breakdowns ``[N, C + 1]`` (total last), the ops and the normalised values."""
 
-    breakdown: RewardBreakdown
-    op: str
-    normalized: float
+    breakdown: np.ndarray
+    ops: list[str]
+    normalized: np.ndarray
     step: int
 
 
-def with_rollback_penalty(br: RewardBreakdown, penalty: float) -> RewardBreakdown:
-    """``br`` with ``penalty`` added to its rollback component (the total stays the sum)."""
-    components = {name: getattr(br, name) for name in REWARD_COMPONENTS}
-    components["rollback_penalty"] += penalty
-    return make_breakdown(**components)
+#: Column of the rollback penalty in a breakdown row.
+_ROLLBACK = REWARD_COMPONENTS.index("rollback_penalty")
+
+
+def with_rollback_penalty(row: np.ndarray, penalty: float) -> None:
+    """Add ``penalty`` to a breakdown row's rollback component, in place; the total stays
+    the exact sum of the components (in REWARD_COMPONENTS order, as ``make_breakdown``)."""
+    row[_ROLLBACK] += penalty
+    total = 0.0
+    for value in row[:-1].tolist():
+        total += value
+    row[-1] = total
 
 
 def lifecycle_event(rec: LifecycleRecord, *, rnd: int, env: int, step: int) -> ev.Event:
@@ -123,8 +138,10 @@ class Recorder:
     def __init__(self, hub: Hub, *, reward_family: str) -> None:
         self.hub = hub
         self.reward_family = reward_family
-        self._pending: dict[int, PendingReward] = {}  # env index -> last step's reward
-        self._carried: dict[int, float] = {}  # penalties for a transition not computed yet
+        self._pending: PendingRewards | None = None  # the last step's rewards
+        self._carried: dict[int, float] = {}  # by row: penalties for a reward not computed yet
+        #: Global index of this rank's first env (events name envs by global index).
+        self.env_offset = 0
 
     def enabled(self, level: TelemetryLevel) -> bool:
         return self.hub.enabled(level)
@@ -201,7 +218,7 @@ class Recorder:
     def round_started(
         self, rnd: int, *, n_envs: int, horizon: int, entropy_coef: float, lr: float
     ) -> None:
-        self._pending.clear()
+        self._pending = None
         self._carried.clear()
         self.hub.emit(
             ev.RoundStarted(
@@ -226,12 +243,11 @@ class Recorder:
             )
 
     def round_finished(
-        self, s: RoundSummary, t: PhaseTimes, envs: Sequence[EnvSummary], *, horizon: int
+        self, s: RoundSummary, t: PhaseTimes, envs: Summaries, *, horizon: int
     ) -> None:
         """The last rewards, one ``episode_finished`` per env, then ``round_finished``."""
         self.flush_rewards(s.rnd)
-        for e in envs:
-            self._episode(e, rnd=s.rnd, step=horizon - 1)
+        self._episodes(envs, rnd=s.rnd, step=horizon - 1)
         self.hub.emit(
             ev.RoundFinished(
                 round=s.rnd,
@@ -248,130 +264,141 @@ class Recorder:
             )
         )
 
-    def _episode(self, e: EnvSummary, *, rnd: int, step: int) -> None:
-        s = e.episode
-        self.hub.emit(
-            ev.EpisodeFinished(
-                round=rnd,
-                env=e.index,
-                step=step,
-                final_val_acc=e.val_acc,
-                final_val_loss=e.val_loss,
-                host_params=e.params.host,
-                params_added=e.params.effective - e.params.host,
-                seeds_germinated=s.seeds_germinated,
-                seeds_fossilized=s.seeds_fossilized,
-                seeds_pruned=s.seeds_pruned,
-                episode_reward=s.reward_sum,
-                rollbacks=s.rollbacks,
-                rollback_penalty=s.rollback_penalty,
-                host=e.host,
-            )
-        )
+    def _episodes(self, e: Summaries, *, rnd: int, step: int) -> None:
+        ep = dict(zip(e.episode, map(np.ndarray.tolist, e.episode.values()), strict=True))
+        added = (e.effective_params - e.host_params).tolist()
+        self.hub.emit_batch(
+            [
+                ev.EpisodeFinished(
+                    round=rnd,
+                    env=env,
+                    step=step,
+                    final_val_acc=acc,
+                    final_val_loss=loss,
+                    host_params=host,
+                    params_added=grown,
+                    seeds_germinated=germinated,
+                    seeds_fossilized=fossilized,
+                    seeds_pruned=pruned,
+                    episode_reward=reward,
+                    rollbacks=rollbacks,
+                    rollback_penalty=penalty,
+                    host=name,
+                )
+                for env, acc, loss, host, grown, germinated, fossilized, pruned, reward,
+                rollbacks, penalty, name in zip(
+                    e.index.tolist(), e.val_acc.tolist(), e.val_loss.tolist(),
+                    e.host_params.tolist(), added, ep["seeds_germinated"],
+                    ep["seeds_fossilized"], ep["seeds_pruned"], ep["reward_sum"],
+                    ep["rollbacks"], ep["rollback_penalty"], e.hosts, strict=True,
+                )
+            ]
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ step level
-    def epoch(self, epochs: Sequence[EnvEpoch], *, rnd: int, step: int) -> None:
-        """Layer stats (debug), then per env: rollback, lifecycle, counterfactual."""
-        for e in epochs:
-            self._layer_stats(e, rnd=rnd, step=step)
-        normal = self.hub.enabled(TelemetryLevel.NORMAL)
-        for e in epochs:
-            if e.rollback is not None:
-                rb = e.rollback
-                self._penalize(e.index, rb.penalty)
-                self._lifecycle(rb.pruned_records, rnd=rnd, env=e.index, step=step)
-                self._rollback(rb.record, rnd=rnd, env=e.index, step=step)
-            self._lifecycle(e.records, rnd=rnd, env=e.index, step=step)
-            if normal:
-                self._counterfactual(e.counterfactual, rnd=rnd, env=e.index, step=step)
+    def epoch(self, e: Epoch, *, rnd: int, step: int) -> None:
+        """Layer stats (debug), rollbacks, lifecycle records, counterfactuals (normal)."""
+        if e.layer_names is not None and e.stats.extra is not None:
+            for row, (names, values) in enumerate(zip(e.layer_names, e.stats.extra, strict=True)):
+                self._layer_stats(names, values, rnd=rnd, env=self.env_offset + row, step=step)
+        for rb in e.rollbacks:
+            self._penalize(rb.local, rb.penalty)
+            self._lifecycle(rb.pruned_records, rnd=rnd, step=step)
+            self._rollback(rb.record, rnd=rnd, env=self.env_offset + rb.local, step=step)
+        self._lifecycle(e.records, rnd=rnd, step=step)
+        if self.hub.enabled(TelemetryLevel.NORMAL):
+            self._counterfactuals(e.attribution, e.slot_ids, rnd=rnd, step=step)
 
     def actions(
         self,
-        transitions: Sequence[EnvTransition],
-        d: DecisionRows,
-        normalized: Sequence[float],
+        tr: Transitions,
+        d: DecisionColumns,
+        normalized: np.ndarray,
         *,
         rnd: int,
         step: int,
+        space: ActionSpace,
     ) -> None:
-        """The previous step's rewards, then per env its lifecycle records and action."""
+        """The previous step's rewards, then the actions' lifecycle records and events."""
         self.flush_rewards(rnd)
-        normal = self.hub.enabled(TelemetryLevel.NORMAL)
-        for i, tr in enumerate(transitions):
-            self._lifecycle(tr.records, rnd=rnd, env=tr.index, step=step)
-            if normal:
-                self._action(tr, d, i, rnd=rnd, step=step)
-        if not normal:
+        self._lifecycle(tr.records, rnd=rnd, step=step)
+        if not self.hub.enabled(TelemetryLevel.NORMAL):
             return
-        for tr, norm in zip(transitions, normalized, strict=True):
-            br = tr.reward
-            carried = self._carried.pop(tr.index, 0.0)
-            if carried:
-                br = with_rollback_penalty(br, carried)
-            self._pending[tr.index] = PendingReward(br, tr.action.op.name, norm, step)
+        ops = [OP_NAMES[o] for o in tr.heads[:, 0].tolist()]
+        self._actions(tr, d, ops, rnd=rnd, step=step, space=space)
+        breakdown = tr.rewards.copy()
+        for row, carried in self._carried.items():
+            with_rollback_penalty(breakdown[row], carried)
+        self._carried.clear()
+        self._pending = PendingRewards(breakdown, ops, np.asarray(normalized), step)
 
     def env_steps(
-        self,
-        envs: Sequence[EnvSummary],
-        epochs: Sequence[EnvEpoch],
-        t: PhaseTimes,
-        *,
-        rnd: int,
-        step: int,
+        self, envs: Summaries, stats: StepStats, t: PhaseTimes, *, rnd: int, step: int
     ) -> None:
         """Per env-step numbers; phase times are the step's (shared by all envs)."""
-        for e, epoch in zip(envs, epochs, strict=True):
-            st = epoch.stats
-            self.hub.emit(
+        self.hub.emit_batch(
+            [
                 ev.EnvStep(
                     round=rnd,
-                    env=e.index,
+                    env=env,
                     step=step,
-                    train_loss=st.train_loss,
-                    train_acc=st.train_acc,
-                    val_loss=st.val_loss,
-                    val_acc=st.val_acc,
-                    active_seeds=e.active_seeds,
-                    host_params=e.params.host,
-                    seed_params=e.params.seeds,
+                    train_loss=train_loss,
+                    train_acc=train_acc,
+                    val_loss=val_loss,
+                    val_acc=val_acc,
+                    active_seeds=active,
+                    host_params=host,
+                    seed_params=seeds,
                     train_ms=t.train_ms,
                     val_ms=t.val_ms,
                     features_ms=t.features_ms,
                     policy_ms=t.policy_ms,
                 )
-            )
+                for env, train_loss, train_acc, val_loss, val_acc, active, host, seeds in zip(
+                    envs.index.tolist(), stats.train_loss.tolist(), stats.train_acc.tolist(),
+                    stats.val_loss.tolist(), stats.val_acc.tolist(),
+                    envs.active_seeds.tolist(), envs.host_params.tolist(),
+                    envs.seed_params.tolist(), strict=True,
+                )
+            ]
+        )  # fmt: skip
 
     def flush_rewards(self, rnd: int) -> None:
         """Emit every pending ``reward_computed`` (step end, round end, or on error)."""
-        pending, self._pending = self._pending, {}
-        for env, p in pending.items():
-            self.hub.emit(  # the breakdown is the event: its context added
-                msgspec.structs.replace(
-                    p.breakdown,
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        family, offset = self.reward_family, self.env_offset
+        self.hub.emit_batch(
+            [
+                ev.RewardComputed(
                     round=rnd,
-                    env=env,
+                    env=offset + row,
                     step=p.step,
-                    family=self.reward_family,
-                    op=p.op,
-                    normalized=p.normalized,
+                    family=family,
+                    op=op,
+                    normalized=norm,
+                    **dict(zip(_BREAKDOWN_FIELDS, values, strict=True)),
                 )
-            )
+                for row, (values, op, norm) in enumerate(
+                    zip(p.breakdown.tolist(), p.ops, p.normalized.tolist(), strict=True)
+                )
+            ]
+        )
 
     # ------------------------------------------------------------------ helpers
-    def _penalize(self, env: int, penalty: float) -> None:
+    def _penalize(self, row: int, penalty: float) -> None:
         """A rollback penalised the decision that led into the failed epoch: the pending
         reward, or (panic at step 0, before any decision) the first one to come."""
-        pending = self._pending.get(env)
-        if pending is None:
-            self._carried[env] = self._carried.get(env, 0.0) + penalty
+        if self._pending is None:
+            self._carried[row] = self._carried.get(row, 0.0) + penalty
         else:
-            pending.breakdown = with_rollback_penalty(pending.breakdown, penalty)
+            with_rollback_penalty(self._pending.breakdown[row], penalty)
 
-    def _lifecycle(
-        self, records: Sequence[LifecycleRecord], *, rnd: int, env: int, step: int
-    ) -> None:
-        for rec in records:
-            self.hub.emit(lifecycle_event(rec, rnd=rnd, env=env, step=step))
+    def _lifecycle(self, records: Records, *, rnd: int, step: int) -> None:
+        offset = self.env_offset
+        for row, rec in records:
+            self.hub.emit(lifecycle_event(rec, rnd=rnd, env=offset + row, step=step))
 
     def _rollback(self, rec: RollbackRecord, *, rnd: int, env: int, step: int) -> None:
         self.hub.emit(
@@ -390,61 +417,98 @@ class Recorder:
             )
         )
 
-    def _counterfactual(self, rec: CounterfactualRecord, *, rnd: int, env: int, step: int) -> None:
-        self.hub.emit(
-            ev.CounterfactualComputed(
-                round=rnd,
-                env=env,
-                step=step,
-                slots=list(rec.slots),
-                contributions=list(rec.contributions),
-                unavailable_reasons=[r.value for r in rec.unavailable],
-                shapley=list(rec.shapley),
-                interaction=rec.interaction,
-                real_acc=rec.real_acc,
-                all_off_acc=rec.all_off_acc,
-                n_configs=rec.n_configs,
-                exact_shapley=rec.exact_shapley,
-            )
-        )
+    def _counterfactuals(
+        self, a: Attribution, slot_ids: tuple[str, ...], *, rnd: int, step: int
+    ) -> None:
+        slots = list(slot_ids)
+        reasons = [[REASONS[r].value for r in row] for row in a.reasons.tolist()]
+        exact = a.exact_shapley.tolist()
+        shapley = [
+            values if ok else [] for values, ok in zip(a.shapley.tolist(), exact, strict=True)
+        ]
+        offset = self.env_offset
+        self.hub.emit_batch(
+            [
+                ev.CounterfactualComputed(
+                    round=rnd,
+                    env=offset + row,
+                    step=step,
+                    slots=slots,
+                    contributions=contributions,
+                    unavailable_reasons=why,
+                    shapley=phi,
+                    interaction=interaction,
+                    real_acc=real,
+                    all_off_acc=all_off,
+                    n_configs=k,
+                    exact_shapley=ok,
+                )
+                for row, (contributions, why, phi, interaction, real, all_off, k, ok) in enumerate(
+                    zip(
+                        a.contributions.tolist(), reasons, shapley, a.interaction.tolist(),
+                        a.real_acc.tolist(), a.all_off_acc.tolist(), a.n_configs.tolist(),
+                        exact, strict=True,
+                    )
+                )
+            ]
+        )  # fmt: skip
 
-    def _action(self, tr: EnvTransition, d: DecisionRows, i: int, *, rnd: int, step: int) -> None:
-        a = tr.action
-        indices = d.head_indices(i)
-        head = dict(zip(HEAD_NAMES, indices, strict=True))
-        op_mask = d.op_mask(i)
-        self.hub.emit(
-            ev.ActionTaken(
-                round=rnd,
-                env=tr.index,
-                step=step,
-                op=a.op.name,
-                slot=a.slot_id or "",
-                blueprint=a.blueprint or "",
-                style=head["style"],
-                tempo=head["tempo"],
-                alpha_target=a.alpha_target,
-                alpha_speed=head["alpha_speed"],
-                alpha_curve=head["alpha_curve"],
-                executed=tr.executed,
-                op_mask=op_mask,
-                n_valid_ops=sum(op_mask),
-                masked_heads=[h for h in HEAD_NAMES if h not in a.relevant_heads],
-                value=d.value(i),
-                log_prob=d.log_prob(i),
-                op_prob=d.op_prob(i, indices[0]),
-            )
-        )
+    def _actions(
+        self,
+        tr: Transitions,
+        d: DecisionColumns,
+        ops: list[str],
+        *,
+        rnd: int,
+        step: int,
+        space: ActionSpace,
+    ) -> None:
+        heads = tr.heads
+        op_mask = d.op_mask
+        op_probs = d.op_probs[np.arange(len(heads)), heads[:, 0]]
+        slot_ids, offset = space.slot_ids, self.env_offset
+        self.hub.emit_batch(
+            [
+                ev.ActionTaken(
+                    round=rnd,
+                    env=offset + row,
+                    step=step,
+                    op=op,
+                    slot=slot_ids[h[1]] if "slot" in RELEVANT_HEADS[h[0]] else "",
+                    blueprint=ALL_BLUEPRINTS[h[2]] if "blueprint" in RELEVANT_HEADS[h[0]] else "",
+                    style=h[3],
+                    tempo=h[4],
+                    alpha_target=ALPHA_TARGETS[h[5]],
+                    alpha_speed=h[6],
+                    alpha_curve=h[7],
+                    executed=executed,
+                    op_mask=mask,
+                    n_valid_ops=sum(mask),
+                    masked_heads=MASKED_HEADS[h[0]],
+                    value=value,
+                    log_prob=log_prob,
+                    op_prob=op_prob,
+                )
+                for row, (h, op, executed, mask, value, log_prob, op_prob) in enumerate(
+                    zip(
+                        heads.tolist(), ops, tr.executed.tolist(), op_mask.tolist(),
+                        d.value.tolist(), d.log_prob.tolist(), op_probs.tolist(), strict=True,
+                    )
+                )
+            ]
+        )  # fmt: skip
 
-    def _layer_stats(self, e: EnvEpoch, *, rnd: int, step: int) -> None:
+    def _layer_stats(
+        self, names: list[str], values: np.ndarray, *, rnd: int, env: int, step: int
+    ) -> None:
         width = len(LAYER_STAT_FIELDS)
-        values = e.stats.extra
-        for i, name in enumerate(e.layer_names):
-            grad_norm, param_norm, grad_max_abs, zero_frac = values[i * width : (i + 1) * width]
+        flat = values.tolist()
+        for i, name in enumerate(names):
+            grad_norm, param_norm, grad_max_abs, zero_frac = flat[i * width : (i + 1) * width]
             self.hub.emit(
                 ev.LayerGradStats(
                     round=rnd,
-                    env=e.index,
+                    env=env,
                     step=step,
                     layer=name,
                     grad_norm=grad_norm,

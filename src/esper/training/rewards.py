@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 import msgspec
+import numpy as np
 
 from esper.config import RewardConfig
 from esper.core.constants import ACC_PERCENT_SCALE, FORWARD_STAGES
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
-from esper.core.records import RewardBreakdown, SlotReport, make_breakdown
+from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport, make_breakdown
+from esper.model.slot_table import STAGE_CODE, STAGES, codes
 
 NAN = math.nan
 
@@ -104,212 +107,298 @@ def env_potential(reports: Iterable[SlotReport | None]) -> float:
     return sum(STAGE_POTENTIAL[r.stage] for r in reports if r is not None)
 
 
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
+#: :data:`STAGE_POTENTIAL` by stage code (:data:`esper.model.slot_table.STAGES`).
+POTENTIAL_BY_CODE = np.array([STAGE_POTENTIAL[s] for s in STAGES])
+_FORWARD = codes(FORWARD_STAGES, STAGE_CODE)
 
 
-def credit(contribution_pp: float, progress_pp: float, alpha: float, cfg: RewardConfig) -> float:
-    """Attribution for one seed. Harm counts in full; help is capped when anti-gaming.
+@dataclass(frozen=True)
+class RewardColumns:
+    """:class:`RewardInputs` of ``N`` env-steps as arrays (leading dim N); the action's
+    target slot flattened into ``target_*`` (before the action) and ``after_*`` columns,
+    the credits into ``[N, C]`` columns with NaN contributions where there is none."""
+
+    op: np.ndarray
+    executed: np.ndarray
+    target_contribution: np.ndarray
+    target_progress: np.ndarray
+    target_age: np.ndarray
+    after_alive: np.ndarray  # the target slot holds a seed in the forward after the action
+    after_alpha: np.ndarray
+    has_credits: np.ndarray  # [N]: some seed's contribution is measured
+    credit_contribution: np.ndarray  # [N, C]
+    credit_progress: np.ndarray  # [N, C]
+    credit_alpha: np.ndarray  # [N, C]
+    val_acc: np.ndarray
+    prev_val_acc: np.ndarray
+    val_loss: np.ndarray
+    prev_val_loss: np.ndarray
+    random_guess_loss: float
+    host_params: np.ndarray
+    effective_params: np.ndarray
+    alpha_change: np.ndarray
+    potential_prev: np.ndarray
+    potential_now: np.ndarray
+    is_terminal: np.ndarray
+    final_acc: np.ndarray
+    final_loss: np.ndarray
+    rollback_penalty: np.ndarray
+    seed_params: np.ndarray
+    prev_seed_params: np.ndarray
+
+    @classmethod
+    def of(cls, inp: RewardInputs) -> RewardColumns:
+        """One env-step's inputs as one-row columns."""
+        before, after = inp.slot_before, inp.slot_after
+        alive = after is not None and after.active and after.stage in FORWARD_STAGES
+        credits = inp.credits or (SeedCredit(contribution_pp=NAN),)
+        row = {
+            f.name: np.array([getattr(inp, f.name)]) for f in fields(cls) if hasattr(inp, f.name)
+        }
+        row.update(
+            op=np.array([int(inp.op)]),
+            target_contribution=np.array([inp.contribution_pp]),
+            target_progress=np.array([inp.progress_pp]),
+            target_age=np.array([before.age_epochs if before is not None else 0]),
+            after_alive=np.array([alive]),
+            after_alpha=np.array([after.alpha if after is not None else 0.0]),
+            has_credits=np.array([bool(inp.credits)]),
+            credit_contribution=np.array([[c.contribution_pp for c in credits]]),
+            credit_progress=np.array([[c.progress_pp for c in credits]]),
+            credit_alpha=np.array([[c.alpha for c in credits]]),
+            random_guess_loss=inp.random_guess_loss,
+        )
+        return cls(**row)
+
+
+def ordered_sum(parts: Iterable[np.ndarray]) -> np.ndarray:
+    """``0.0 + a + b + ...`` left to right: exactly the floats of a Python ``sum`` of the
+    same terms (numpy's own reductions may associate them differently)."""
+    total: np.ndarray = np.zeros(())
+    for part in parts:
+        total = total + part
+    return total
+
+
+def credit(
+    contribution_pp: np.ndarray, progress_pp: np.ndarray, alpha: np.ndarray, cfg: RewardConfig
+) -> np.ndarray:
+    """Attribution for each seed. Harm counts in full; help is capped when anti-gaming.
 
     The cap: a seed cannot claim more than the env gained since it germinated (a host
     that came to depend on a seed shows a large ablation drop without any progress).
     """
-    if not _finite(contribution_pp):
-        return 0.0
-    if contribution_pp < 0.0:
-        return cfg.harm_weight * contribution_pp
     credited = contribution_pp
     if cfg.anti_gaming:
-        if _finite(progress_pp):
-            credited = min(credited, max(progress_pp, 0.0))
-        credited *= min(1.0, max(alpha, 0.0) / cfg.full_credit_alpha)
-    return cfg.attribution_weight * credited
+        capped = np.minimum(credited, np.maximum(progress_pp, 0.0))
+        credited = np.where(np.isfinite(progress_pp), capped, credited)
+        credited = credited * np.minimum(1.0, np.maximum(alpha, 0.0) / cfg.full_credit_alpha)
+    out: np.ndarray = np.where(
+        ~np.isfinite(contribution_pp),
+        0.0,
+        np.where(
+            contribution_pp < 0.0,
+            cfg.harm_weight * contribution_pp,
+            cfg.attribution_weight * credited,
+        ),
+    )
+    return out
 
 
-def _target_seed_alive(inp: RewardInputs) -> SlotReport | None:
-    seed = inp.slot_after
-    if seed is None or not seed.active or seed.stage not in FORWARD_STAGES:
-        return None
-    return seed
+def attribution(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
+    """Every measured seed's credit, summed; without one, the action's target seed's."""
+    with np.errstate(invalid="ignore"):
+        per_seed = credit(c.credit_contribution, c.credit_progress, c.credit_alpha, cfg)
+        target = credit(c.target_contribution, c.target_progress, c.after_alpha, cfg)
+    total = ordered_sum(per_seed[:, j] for j in range(per_seed.shape[1]))
+    return np.where(c.has_credits, total, np.where(c.after_alive, target, 0.0))
 
 
-def attribution(inp: RewardInputs, cfg: RewardConfig) -> float:
-    if inp.credits:
-        return sum(credit(c.contribution_pp, c.progress_pp, c.alpha, cfg) for c in inp.credits)
-    seed = _target_seed_alive(inp)
-    if seed is None:
-        return 0.0
-    return credit(inp.contribution_pp, inp.progress_pp, seed.alpha, cfg)
-
-
-def stage_shaping(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> float:
+def stage_shaping(c: RewardColumns, cfg: RewardConfig, *, gamma: float) -> np.ndarray:
     """Potential-based shaping F = w (gamma phi(s') - phi(s)): policy-invariant.
 
     The state after the last step is absorbing, so its potential is 0 (Ng et al.): an
     episode's shaping telescopes to -w phi(s_0) = 0 (up to gamma), so ending with seeds
     in late stages earns nothing and the shaping cannot be farmed.
     """
-    phi_next = 0.0 if inp.is_terminal else inp.potential_now
-    return cfg.stage_shaping_weight * (gamma * phi_next - inp.potential_prev)
+    phi_next = np.where(c.is_terminal, 0.0, c.potential_now)
+    out: np.ndarray = cfg.stage_shaping_weight * (gamma * phi_next - c.potential_prev)
+    return out
 
 
-def rent(inp: RewardInputs, cfg: RewardConfig) -> float:
-    """-min(w ln(1 + g), cap) with g the added effective parameters over host parameters."""
-    if inp.host_params <= 0:
-        return 0.0
-    growth = max(inp.effective_params - inp.host_params, 0) / inp.host_params
-    return -min(cfg.rent_weight * math.log1p(growth), cfg.rent_cap)
+def rent(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
+    """-min(w ln(1 + g), cap) with g the added effective parameters over host parameters
+    (``math.log1p`` per value: numpy's differs in the last bit)."""
+    host = c.host_params
+    growth = np.maximum(c.effective_params - host, 0) / np.maximum(host, 1)
+    log = np.fromiter(map(math.log1p, growth.tolist()), dtype=np.float64, count=growth.size)
+    return np.where(host > 0, -np.minimum(cfg.rent_weight * log, cfg.rent_cap), 0.0)
 
 
-def alpha_shock(inp: RewardInputs, cfg: RewardConfig) -> float:
+def alpha_shock(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
     """Alpha may move ``alpha_shock_free`` per step for free; beyond it, each unit costs."""
-    return -cfg.alpha_shock_weight * max(0.0, abs(inp.alpha_change) - cfg.alpha_shock_free)
+    out: np.ndarray = -cfg.alpha_shock_weight * np.maximum(
+        0.0, np.abs(c.alpha_change) - cfg.alpha_shock_free
+    )
+    return out
 
 
-def fossilize_bonus(contribution_pp: float, cfg: RewardConfig) -> float:
+def fossilize_bonus(contribution_pp: np.ndarray, cfg: RewardConfig) -> np.ndarray:
     """Grows with the contribution (capped); a useless or harmful seed costs instead."""
-    if _finite(contribution_pp) and contribution_pp > 0.0:
-        return cfg.fossilize_bonus_per_pp * min(contribution_pp, cfg.fossilize_bonus_cap_pp)
-    harm = contribution_pp if _finite(contribution_pp) else 0.0
-    return cfg.fossilize_useless_penalty + cfg.fossilize_bonus_per_pp * harm
+    finite = np.isfinite(contribution_pp)
+    helps = finite & (contribution_pp > 0.0)
+    bonus = cfg.fossilize_bonus_per_pp * np.minimum(contribution_pp, cfg.fossilize_bonus_cap_pp)
+    harm = np.where(finite, contribution_pp, 0.0)
+    out: np.ndarray = np.where(
+        helps, bonus, cfg.fossilize_useless_penalty + cfg.fossilize_bonus_per_pp * harm
+    )
+    return out
 
 
-def prune_penalty(age_epochs: int, contribution_pp: float, cfg: RewardConfig) -> float:
+def prune_penalty(age: np.ndarray, contribution_pp: np.ndarray, cfg: RewardConfig) -> np.ndarray:
     """Base cost, more for a young seed, more for a helpful one."""
     young = cfg.prune_young_age
-    youth = max(young - max(age_epochs, 0), 0) / young
-    helpful = max(contribution_pp, 0.0) if _finite(contribution_pp) else 0.0
-    return cfg.prune_cost + cfg.prune_young_penalty * youth + cfg.prune_helpful_per_pp * helpful
+    youth = np.maximum(young - np.maximum(age, 0), 0) / young
+    finite = np.isfinite(contribution_pp)
+    helpful = np.where(finite, np.maximum(np.where(finite, contribution_pp, 0.0), 0.0), 0.0)
+    out: np.ndarray = (
+        cfg.prune_cost + cfg.prune_young_penalty * youth + cfg.prune_helpful_per_pp * helpful
+    )
+    return out
 
 
-def op_shaping(inp: RewardInputs, cfg: RewardConfig) -> dict[str, float]:
+def op_shaping(c: RewardColumns, cfg: RewardConfig) -> dict[str, np.ndarray]:
     """Costs and bonuses of the op just executed (nothing for a failed op)."""
-    if not inp.executed:
-        return {}
-    if inp.op == LifecycleOp.GERMINATE:
-        return {"germinate_cost": cfg.germinate_cost}
-    if inp.op == LifecycleOp.FOSSILIZE:
-        return {"fossilize_bonus": fossilize_bonus(inp.contribution_pp, cfg)}
-    if inp.op == LifecycleOp.PRUNE:
-        age = inp.slot_before.age_epochs if inp.slot_before is not None else 0
-        return {"prune_penalty": prune_penalty(age, inp.contribution_pp, cfg)}
-    return {}
+    op, ok = c.op, c.executed
+    zero = np.zeros(op.shape)
+    return {
+        "germinate_cost": np.where(ok & (op == LifecycleOp.GERMINATE), cfg.germinate_cost, zero),
+        "fossilize_bonus": np.where(
+            ok & (op == LifecycleOp.FOSSILIZE), fossilize_bonus(c.target_contribution, cfg), zero
+        ),
+        "prune_penalty": np.where(
+            ok & (op == LifecycleOp.PRUNE),
+            prune_penalty(c.target_age, c.target_contribution, cfg),
+            zero,
+        ),
+    }
 
 
-def _invalid(inp: RewardInputs, cfg: RewardConfig) -> float:
-    return 0.0 if inp.executed or inp.op == LifecycleOp.WAIT else cfg.invalid_action_penalty
+def _invalid(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
+    invalid = ~c.executed & (c.op != LifecycleOp.WAIT)
+    return np.where(invalid, cfg.invalid_action_penalty, 0.0)
 
 
-def _accuracy_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
-    if not (inp.is_terminal and cfg.terminal):
-        return 0.0
-    acc = inp.final_acc if _finite(inp.final_acc) else inp.val_acc
-    return cfg.terminal_weight * acc / ACC_PERCENT_SCALE if _finite(acc) else 0.0
+def _accuracy_terminal(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
+    if not cfg.terminal:
+        return np.zeros(c.op.shape)
+    acc = np.where(np.isfinite(c.final_acc), c.final_acc, c.val_acc)
+    value = cfg.terminal_weight * acc / ACC_PERCENT_SCALE
+    return np.where(c.is_terminal & np.isfinite(acc), value, 0.0)
 
 
-def _loss_terminal(inp: RewardInputs, cfg: RewardConfig) -> float:
-    if not (inp.is_terminal and cfg.terminal) or not inp.random_guess_loss > 0:
-        return 0.0
-    loss = inp.final_loss if _finite(inp.final_loss) else inp.val_loss
-    if math.isnan(loss):
-        return 0.0
-    score = 1.0 - loss / inp.random_guess_loss  # -inf for an infinite loss: clipped below
+def _loss_terminal(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
+    rgl = c.random_guess_loss
+    if not (cfg.terminal and rgl > 0):
+        return np.zeros(c.op.shape)
+    loss = np.where(np.isfinite(c.final_loss), c.final_loss, c.val_loss)
+    with np.errstate(invalid="ignore"):
+        score = 1.0 - loss / rgl  # -inf for an infinite loss: clipped below
     clip = cfg.loss_terminal_clip
-    return cfg.terminal_weight * min(max(score, -clip), clip)
+    value = cfg.terminal_weight * np.minimum(np.maximum(score, -clip), clip)
+    return np.where(c.is_terminal & ~np.isnan(loss), value, 0.0)
 
 
-def loss_delta(inp: RewardInputs, cfg: RewardConfig) -> float:
+def loss_delta(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
     """Loss improvement since the last step in units of the random-guess loss, clipped."""
-    if not (inp.random_guess_loss > 0) or math.isnan(inp.prev_val_loss - inp.val_loss):
-        return 0.0
-    gain = (inp.prev_val_loss - inp.val_loss) / inp.random_guess_loss
+    rgl = c.random_guess_loss
+    if not rgl > 0:
+        return np.zeros(c.op.shape)
+    with np.errstate(invalid="ignore"):
+        gain = (c.prev_val_loss - c.val_loss) / rgl
     clip = cfg.loss_delta_clip
-    return cfg.loss_delta_weight * min(max(gain, -clip), clip)
+    value = cfg.loss_delta_weight * np.minimum(np.maximum(gain, -clip), clip)
+    return np.where(np.isnan(c.prev_val_loss - c.val_loss), 0.0, value)
 
 
-def _common(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> dict[str, float]:
+def _common(c: RewardColumns, cfg: RewardConfig, *, gamma: float) -> dict[str, np.ndarray]:
     """Rent, shaping, anti-gaming and costs shared by the dense families."""
-    parts: dict[str, float] = {
-        "rent": rent(inp, cfg),
-        "invalid_penalty": _invalid(inp, cfg),
-        "rollback_penalty": inp.rollback_penalty,
+    parts: dict[str, np.ndarray] = {
+        "rent": rent(c, cfg),
+        "invalid_penalty": _invalid(c, cfg),
+        "rollback_penalty": c.rollback_penalty,
     }
     if cfg.shaping:
-        parts["stage_shaping"] = stage_shaping(inp, cfg, gamma=gamma)
-        parts.update(op_shaping(inp, cfg))
+        parts["stage_shaping"] = stage_shaping(c, cfg, gamma=gamma)
+        parts.update(op_shaping(c, cfg))
     if cfg.anti_gaming:
-        parts["alpha_shock"] = alpha_shock(inp, cfg)
+        parts["alpha_shock"] = alpha_shock(c, cfg)
     return parts
 
 
-def contribution_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
-    return make_breakdown(
-        attribution=attribution(inp, cfg),
-        terminal=_accuracy_terminal(inp, cfg),
-        **_common(inp, cfg, gamma=gamma),
-    )
-
-
-def loss_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
-    return make_breakdown(
-        loss_delta=loss_delta(inp, cfg),
-        terminal=_loss_terminal(inp, cfg),
-        **_common(inp, cfg, gamma=gamma),
-    )
-
-
-def accuracy_gain(inp: RewardInputs, cfg: RewardConfig) -> float:
+def accuracy_gain(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
     """``accuracy_weight`` x the accuracy change in pp since the last step.
 
     Unknown (NaN) on either side, e.g. the first step, pays 0. Summed over an episode
     with finite accuracies it telescopes to final minus first accuracy, so growth pays
     exactly what it adds to the final model, whenever it happens.
     """
-    delta = inp.val_acc - inp.prev_val_acc
-    return cfg.accuracy_weight * delta if _finite(delta) else 0.0
+    delta = c.val_acc - c.prev_val_acc
+    return np.where(np.isfinite(delta), cfg.accuracy_weight * delta, 0.0)
 
 
-def param_cost(inp: RewardInputs, cfg: RewardConfig) -> float:
+def param_cost(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
     """-``param_cost_weight`` x the change in seed parameters / host parameters.
 
     Not shaping: the end of the episode does not refund it, so an episode pays
     ``param_cost_weight * final seed params / host params`` in all (a seed pruned
     before the end costs nothing, apart from discounting of the refund).
     """
-    if inp.host_params <= 0:
-        return 0.0
-    grown = (inp.seed_params - inp.prev_seed_params) / inp.host_params
-    return -cfg.param_cost_weight * grown
+    host = c.host_params
+    grown = (c.seed_params - c.prev_seed_params) / np.maximum(host, 1)
+    return np.where(host > 0, -cfg.param_cost_weight * grown, 0.0)
 
 
-def accuracy_reward(inp: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
-    parts: dict[str, float] = {
-        "attribution": accuracy_gain(inp, cfg),
-        "rent": param_cost(inp, cfg),
-        "terminal": _accuracy_terminal(inp, cfg),
-        "invalid_penalty": _invalid(inp, cfg),
-        "rollback_penalty": inp.rollback_penalty,
-    }
-    if cfg.shaping:
-        parts["stage_shaping"] = stage_shaping(inp, cfg, gamma=gamma)
-    return make_breakdown(**parts)
+def _components(c: RewardColumns, cfg: RewardConfig, gamma: float) -> dict[str, np.ndarray]:
+    if cfg.family == RewardFamily.CONTRIBUTION:
+        return {
+            "attribution": attribution(c, cfg),
+            "terminal": _accuracy_terminal(c, cfg),
+            **_common(c, cfg, gamma=gamma),
+        }
+    if cfg.family == RewardFamily.LOSS:
+        return {
+            "loss_delta": loss_delta(c, cfg),
+            "terminal": _loss_terminal(c, cfg),
+            **_common(c, cfg, gamma=gamma),
+        }
+    if cfg.family == RewardFamily.SPARSE:
+        return {"terminal": _accuracy_terminal(c, cfg), "rollback_penalty": c.rollback_penalty}
+    if cfg.family == RewardFamily.ACCURACY:
+        parts = {
+            "attribution": accuracy_gain(c, cfg),
+            "rent": param_cost(c, cfg),
+            "terminal": _accuracy_terminal(c, cfg),
+            "invalid_penalty": _invalid(c, cfg),
+            "rollback_penalty": c.rollback_penalty,
+        }
+        if cfg.shaping:
+            parts["stage_shaping"] = stage_shaping(c, cfg, gamma=gamma)
+        return parts
+    raise ValueError(f"unknown reward family {cfg.family!r}")
 
 
-def sparse_reward(inp: RewardInputs, cfg: RewardConfig) -> RewardBreakdown:
-    return make_breakdown(
-        terminal=_accuracy_terminal(inp, cfg),
-        rollback_penalty=inp.rollback_penalty,
-    )
+def compute_rewards(c: RewardColumns, cfg: RewardConfig, *, gamma: float) -> np.ndarray:
+    """Every env-step's breakdown as ``[N, len(REWARD_COMPONENTS) + 1]``: the components
+    in :data:`REWARD_COMPONENTS` order, then ``total``, always their exact sum."""
+    n = c.op.shape[0]
+    parts = _components(c, cfg, gamma)
+    columns = [np.broadcast_to(parts.get(name, np.zeros(n)), (n,)) for name in REWARD_COMPONENTS]
+    total = ordered_sum(columns)
+    return np.stack([*columns, np.broadcast_to(total, (n,))], axis=1)
 
 
 def compute_reward(inputs: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
-    """Dispatch on ``cfg.family``; the breakdown's total is the sum of its components."""
-    if cfg.family == RewardFamily.CONTRIBUTION:
-        return contribution_reward(inputs, cfg, gamma=gamma)
-    if cfg.family == RewardFamily.LOSS:
-        return loss_reward(inputs, cfg, gamma=gamma)
-    if cfg.family == RewardFamily.SPARSE:
-        return sparse_reward(inputs, cfg)
-    if cfg.family == RewardFamily.ACCURACY:
-        return accuracy_reward(inputs, cfg, gamma=gamma)
-    raise ValueError(f"unknown reward family {cfg.family!r}")
+    """One env-step's breakdown (:func:`compute_rewards` of one row)."""
+    row = compute_rewards(RewardColumns.of(inputs), cfg, gamma=gamma)[0].tolist()
+    return make_breakdown(**dict(zip(REWARD_COMPONENTS, row[:-1], strict=True)))

@@ -29,11 +29,12 @@ from esper.config import Config
 from esper.core.enums import Initiator, TelemetryLevel
 from esper.data.tasks import TaskData
 from esper.training.anomaly import TelemetryEscalator, detect_anomalies
-from esper.training.env_results import EnvEpoch, PhaseTimes
+from esper.training.env_results import PhaseTimes, Rollback
 from esper.training.envs import HostEnvs
 from esper.training.faults import FaultPlan
 from esper.training.learner import Learner
 from esper.training.recorder import Recorder
+from esper.training.rewards import ordered_sum
 
 if TYPE_CHECKING:
     from esper.training.distributed import Collective
@@ -102,6 +103,7 @@ class VectorizedTrainer:
             env_offset=collective.env_offset(cfg.run.n_envs) if collective is not None else 0,
             world_size=collective.world_size if collective is not None else 1,
         )
+        recorder.env_offset = self.envs.env_offset
         self.escalator = TelemetryEscalator(
             self.hub, base=cfg.telemetry.level_enum, rounds=cfg.telemetry.escalation_rounds
         )
@@ -123,11 +125,11 @@ class VectorizedTrainer:
             for step in range(self.horizon):
                 t = PhaseTimes()
                 # 1. one host epoch per env: train, validate + counterfactuals, governor
-                epochs = envs.advance(
+                epoch = envs.advance(
                     rnd, step, t, layer_stats=recorder.enabled(TelemetryLevel.DEBUG)
                 )
-                self._rollbacks(epochs)
-                recorder.epoch(epochs, rnd=rnd, step=step)
+                self._rollbacks(epoch.rollbacks)
+                recorder.epoch(epoch, rnd=rnd, step=step)
                 # 2. observe all envs, one batched policy forward
                 t0 = time.perf_counter()
                 obs = envs.observe(step)
@@ -135,18 +137,19 @@ class VectorizedTrainer:
                 decision = learner.decide(obs, hidden)
                 t2 = time.perf_counter()
                 # 3. execute the actions; rewards into the buffer
-                transitions = envs.step(decision.actions_decoded, step)
-                rewards = [tr.reward.total for tr in transitions]
+                transitions = envs.step(decision.heads, step)
                 normalized = learner.record_step(
-                    step, decision, rewards, terminal=step == self.horizon - 1
+                    step, decision, transitions.totals, terminal=step == self.horizon - 1
                 )
                 # 4. events
-                recorder.actions(transitions, decision, normalized, rnd=rnd, step=step)
+                recorder.actions(
+                    transitions, decision, normalized, rnd=rnd, step=step, space=learner.space
+                )
                 self.state.env_steps += self.n_envs
                 t.features_ms, t.policy_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
                 t.action_ms = (time.perf_counter() - t2) * 1e3
                 if recorder.enabled(TelemetryLevel.NORMAL):
-                    recorder.env_steps(envs.summaries(), epochs, t, rnd=rnd, step=step)
+                    recorder.env_steps(envs.summaries(), epoch.stats, t, rnd=rnd, step=step)
                 times.add(t)
                 hidden = decision.hidden
                 self._report(StepProgress(rnd, step, self.cfg.run.rounds, self.horizon))
@@ -159,12 +162,9 @@ class VectorizedTrainer:
         return summary
 
     # ------------------------------------------------------------------ helpers
-    def _rollbacks(self, epochs: list[EnvEpoch]) -> None:
+    def _rollbacks(self, rollbacks: list[Rollback]) -> None:
         """A rolled-back env's buffer segment is undone and its last decision penalised."""
-        for e in epochs:
-            rb = e.rollback
-            if rb is None:
-                continue
+        for rb in rollbacks:
             affected = self.learner.rollback_transitions(
                 rb.local, rb.from_step, rb.to_step, rb.penalty
             )
@@ -183,11 +183,11 @@ class VectorizedTrainer:
             self.escalator.report(found, rnd=rnd)
         envs = self.envs.summaries()
         wall = time.perf_counter() - t_start
-        totals = [
-            sum(e.episode.reward_sum for e in envs),
-            sum(e.val_acc for e in envs),
-            sum(e.episode.rollbacks for e in envs),
-            len(envs),
+        totals = [  # summed in env order, as floats (exact across runs)
+            float(ordered_sum(envs.episode["reward_sum"].tolist())),
+            float(ordered_sum(envs.val_acc.tolist())),
+            float(envs.episode["rollbacks"].sum()),
+            float(len(envs.index)),
         ]
         if self.collective is not None:  # the round over all ranks' envs
             totals = self.collective.sum_floats(totals)
