@@ -39,13 +39,13 @@ from esper.training.env_state import EnvState
 from esper.training.faults import Fault, FaultKind, FaultPlan
 from esper.training.host_batching import (
     Batch,
-    group_envs,
-    structure_key,
+    round_stores,
     train_epoch_batched,
     validate_batched,
 )
+from esper.training.host_store import HostStore
 from esper.training.run import train
-from esper.training.slot_groups import HostBatch, host_key
+from esper.training.slot_groups import HostBatch
 
 N_ENVS = 4
 SAMPLES_PER_ENV = 96
@@ -78,6 +78,10 @@ def _envs(digits: tuple[Config, TaskData], dtype: torch.dtype = torch.float32) -
 
 def _epoch(it: SharedBatchIterator, epoch: int, dtype: torch.dtype) -> list[list[Batch]]:
     return [[(x.to(dtype), y) for x, y in per_env] for per_env in it.epoch(epoch)]
+
+
+def _stacked(it: SharedBatchIterator, epoch: int, dtype: torch.dtype) -> list[Batch]:
+    return [(x.to(dtype), y) for x, y in it.epoch_stacked(epoch)]
 
 
 def _iterator(data: TaskData) -> SharedBatchIterator:
@@ -149,15 +153,18 @@ def _script(envs: list[EnvState], epoch: int) -> None:
         _rollback(envs[3])
 
 
-def _state(env: EnvState) -> dict[str, torch.Tensor]:
+def _state(env: EnvState, results: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An env's parameters, buffers, momentum and its row of a pass's results."""
+    if env.store is not None:
+        env.store.expose_momentum()  # the batched path's momentum, as per-env state
     out = {f"p.{n}": p.detach() for n, p in env.model.named_parameters()}
     out |= {f"b.{n}": b.float() for n, b in env.model.named_buffers()}
     for opt in (env.host_optimizer, *env.seed_optimizers.values()):
         for p, state in opt.state.items():
             out[f"m.{_name(env, p)}"] = state["momentum_buffer"]
-    assert env.train_accum is not None
-    out["accum"] = env.train_accum
-    out["grad_norms"] = env.last_grad_norms
+    accum, norms = results
+    out["accum"] = accum[env.row]
+    out["grad_norms"] = norms[env.row]
     return out
 
 
@@ -165,17 +172,28 @@ def _name(env: EnvState, param: torch.Tensor) -> str:
     return next(n for n, p in env.model.named_parameters() if p is param)
 
 
-def _assert_close(a: list[EnvState], b: list[EnvState], epoch: int) -> None:
+Results = tuple[torch.Tensor, torch.Tensor]
+
+
+def _assert_close(
+    a: list[EnvState], b: list[EnvState], epoch: int, ra: Results, rb: Results
+) -> None:
     for ea, eb in zip(a, b, strict=True):
-        sa, sb = _state(ea), _state(eb)
+        sa, sb = _state(ea, ra), _state(eb, rb)
         assert sa.keys() == sb.keys(), (epoch, ea.index)
         for key in sa:
             assert torch.allclose(sa[key], sb[key], **TOL), (epoch, ea.index, key)
 
 
+def _store(envs: list[EnvState]) -> HostStore:
+    stores = round_stores(envs)
+    assert stores is not None and len(stores) == 1
+    return stores[0]
+
+
 def _kinds(envs: list[EnvState]) -> dict[str, list[int]]:
     """Per slot, the sizes of the seed kinds one batch would run (empty: passes through)."""
-    batch = HostBatch(envs)
+    batch = HostBatch(_store(envs))
     return {slot: [len(k.rows) for k in kinds] for slot, kinds in batch.kinds.items() if kinds}
 
 
@@ -192,12 +210,12 @@ def _run_both(
     for epoch in range(epochs):
         script(per_env, epoch)
         script(batched, epoch)
-        groups.append(_kinds(batched))
         nan_envs = (nan_at or {}).get(epoch, frozenset())
-        train_epoch(per_env, _epoch(it, epoch, dtype), OPTS, nan_envs=nan_envs)
-        train_epoch_batched(batched, _epoch(it, epoch, dtype), OPTS, nan_envs=nan_envs)
+        ra = train_epoch(per_env, _epoch(it, epoch, dtype), OPTS, nan_envs=nan_envs)
+        rb = train_epoch_batched(batched, _stacked(it, epoch, dtype), OPTS, nan_envs=nan_envs)
+        groups.append(_kinds(batched))
         if not nan_at:
-            _assert_close(per_env, batched, epoch)
+            _assert_close(per_env, batched, epoch, ra, rb)
     return per_env, batched, groups
 
 
@@ -208,8 +226,6 @@ def test_batched_epochs_match_the_per_env_path(digits) -> None:
     # seed in r1c0 passes through until it is pruned.
     s0 = batched[0].model.slot_ids[0]
     assert groups == [{}, {s0: [2]}, {s0: [2]}, {s0: [2]}, {s0: [2]}]
-    # Whole-structure groups (the first design's) split where the seeds differ.
-    assert [len(g) for g in group_envs(batched)] == [2, 2]
     assert [e.model.slot(e.model.slot_ids[0]).alpha.alpha for e in batched[:2]] == [0.5, 0.25]
 
 
@@ -229,27 +245,34 @@ def test_a_nan_loss_poisons_only_its_own_env(digits) -> None:
             assert torch.allclose(pa, pb, **TOL)
 
 
-def test_unbatchable_envs_train_alone(digits) -> None:
-    envs = _envs(digits)
-    assert len({structure_key(e) for e in envs}) == 1
-    envs[0].scaler = torch.amp.GradScaler("cpu")  # type: ignore[attr-defined]
-    assert structure_key(envs[0]) is None and host_key(envs[0]) is None
-    _germinate(envs[1], envs[1].model.slot_ids[0], "conv_heavy", tempo=2)
-    assert [len(g) for g in group_envs(envs)] == [1, 1, 2]
+def test_an_unbatchable_round_runs_per_env(digits) -> None:
+    """A round whose hosts cannot be stacked (here a GradScaler, as fp16 gives every env)
+    has no stores: the batched passes run the per-env ones, with the same results."""
+    envs, alone = _envs(digits), _envs(digits)
+    for env in envs:
+        env.scaler = torch.amp.GradScaler("cpu")  # type: ignore[attr-defined]
+    assert round_stores(envs) is None
+    for env in alone:
+        env.scaler = torch.amp.GradScaler("cpu")  # type: ignore[attr-defined]
+    it = _iterator(digits[1])
+    ra = train_epoch(alone, _epoch(it, 0, torch.float32), OPTS)
+    rb = train_epoch_batched(envs, _stacked(it, 0, torch.float32), OPTS)
+    for a, b in zip(ra, rb, strict=True):
+        assert torch.equal(a, b)
 
 
-def test_host_key_is_kept_but_a_new_optimizer_still_counts(digits) -> None:
-    """The host part of the key is computed once per env; what can change within a round
-    (a seed optimizer that cannot be batched) is still read every time."""
-    env = _envs(digits)[0]
-    key = host_key(env)
-    assert key is not None and host_key(env) == key and env.host_signature == (key,)
-    slot = env.model.slot_ids[0]
-    extra = torch.nn.Parameter(torch.zeros(1))
-    env.seed_optimizers[slot] = torch.optim.Adam([extra])
-    assert host_key(env) is None
-    del env.seed_optimizers[slot]
-    assert host_key(env) == key
+def test_family_members_batch_in_groups_of_their_own() -> None:
+    """Envs of one host shape share a store; another member's envs get their own."""
+    from _family_support import family_config
+
+    cfg = with_overrides(family_config(), {"run.n_envs": 6})
+    data = load_task(cfg.task, seed=0)
+    envs = EnvFactory(cfg, data.spec).create_round(0)
+    stores = round_stores(envs)
+    assert stores is not None
+    members = [{e.host.name for e in store.envs if e.host is not None} for store in stores]
+    assert all(len(m) == 1 for m in members) and len(stores) == len({e.host for e in envs})
+    assert sorted(int(r) for store in stores for r in store.rows) == list(range(6))
 
 
 def test_batched_runs_are_deterministic(digits) -> None:
@@ -259,8 +282,8 @@ def test_batched_runs_are_deterministic(digits) -> None:
         envs = _envs(digits)
         for epoch in range(3):
             _script(envs, epoch)
-            train_epoch_batched(envs, it.epoch(epoch), OPTS)
-        runs.append([_state(e) for e in envs])
+            results = train_epoch_batched(envs, _stacked(it, epoch, torch.float32), OPTS)
+        runs.append([_state(e, results) for e in envs])
     for a, b in zip(*runs, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -316,7 +339,7 @@ def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     it = _iterator(digits[1])
     for epoch in range(3):
         _script(envs, epoch)
-        train_epoch(envs, it.epoch(epoch), OPTS)
+        train_epoch_batched(envs, _stacked(it, epoch, torch.float32), OPTS)
     s0 = envs[0].model.slot_ids[0]
     assert [e.model.slot(s0).stage for e in envs[:2]] == [SeedStage.BLENDING] * 2
     off = torch.zeros(len(envs[0].model.slot_ids))
@@ -328,7 +351,7 @@ def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     configs, first = _flat(envs, alphas)
     fused = validate_fused(envs, val, configs, first, OPTS)
     batched = validate_batched(envs, val, configs, first, OPTS)
-    # Envs with fewer configurations ran padded; each gets its own K back.
+    # One row per (env, configuration): no padding.
     assert batched[1].shape == (2 + 2 + 1 + 1,)
     for a, b in zip(fused, batched, strict=True):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-5), (a, b)
@@ -344,8 +367,11 @@ def _flat(envs: list[EnvState], alphas: list[torch.Tensor | None]) -> tuple[np.n
     return np.concatenate(rows), first
 
 
-def _eval_batch(envs: list[EnvState]) -> HostBatch:
-    return HostBatch(envs, train=False)
+def _eval_batch(envs: list[EnvState], alphas: np.ndarray | None = None) -> HostBatch:
+    members = None if alphas is None else np.repeat(np.arange(len(envs)), len(alphas) // len(envs))
+    batch = HostBatch(_store(envs), train=False, members=members, alphas=alphas)
+    batch.set_modes()
+    return batch
 
 
 def test_validation_batches_envs_whose_seeds_differ(digits) -> None:
@@ -364,9 +390,8 @@ def test_validation_batches_envs_whose_seeds_differ(digits) -> None:
         _drive(env, s0, SeedStage.BLENDING)
         env.model.tick(60.0)  # mid-ramp: alpha 1/2 and 1/4
     _drive(envs[2], s1, SeedStage.TRAINING)
-    train_epoch(envs, _iterator(digits[1]).epoch(0), OPTS)
-    assert len({host_key(e) for e in envs}) == 1  # one batch, though no two structures match
-    assert len({structure_key(e) for e in envs}) == N_ENVS
+    train_epoch_batched(envs, _stacked(_iterator(digits[1]), 0, torch.float32), OPTS)
+    assert len(round_stores(envs) or []) == 1  # one batch, though no two structures match
     for env in envs:
         env.model.eval()
     # Per slot, the blended seed kinds the batch runs; the TRAINING seed passes through.
@@ -387,14 +412,13 @@ def test_validation_batches_envs_whose_seeds_differ(digits) -> None:
     # The correct-counts are coarse: compare the logits too, per env and configuration,
     # and check the blending envs' configurations really change them.
     x = val[0][0]
-    per_sample = torch.stack([a.repeat_interleave(x.shape[0], dim=0) for a in alphas])
-    xs = torch.cat([x] * 3)
+    rows = torch.cat([a for a in alphas if a is not None])  # [N * 3, n_slots]
     with torch.no_grad():
-        logits = _eval_batch(envs).forward(xs.expand(N_ENVS, *xs.shape), per_sample)
-        for i, env in enumerate(envs):
-            assert torch.allclose(logits[i], env.model(xs, per_sample[i]), **TOL), i
+        logits = _eval_batch(envs, rows.numpy()).forward(x.expand(len(rows), *x.shape))
+        for r, alpha in enumerate(rows):
+            assert torch.allclose(logits[r], envs[r // 3].model(x, alpha), **TOL), r
     # (env 1's light seed starts near zero output, so only env 0's is checked here)
-    _, none, full = logits[0].view(3, x.shape[0], -1)
+    _, none, full = logits[:3]
     assert not torch.allclose(none, full, **TOL)
 
 

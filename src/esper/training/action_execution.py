@@ -54,12 +54,13 @@ def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
 
 def sync_seed_optimizers(env: EnvState) -> None:
     """One SGD per live seed: add optimizers for new seeds, drop those of removed ones."""
-    for slot_id in env.model.slot_ids:
+    for col, slot_id in enumerate(env.model.slot_ids):
         params = env.model.seed_parameters(slot_id)
         if params and slot_id not in env.seed_optimizers:
             env.seed_optimizers[slot_id] = make_seed_optimizer(params, env.host_cfg)
         elif not params and slot_id in env.seed_optimizers:
             del env.seed_optimizers[slot_id]
+        env.table.seed_sgd[env.row, col] = slot_id in env.seed_optimizers
 
 
 def execute_action(

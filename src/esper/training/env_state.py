@@ -62,10 +62,6 @@ class EnvState:
     #: The batched group's stacked storage this env's tensors live in (``run.batch_envs``;
     #: :class:`esper.training.host_store.HostStore`), or None.
     store: Any = None
-    #: :func:`esper.training.slot_groups.host_key`'s host part, once computed: the host,
-    #: its optimizer and device are fixed for an env's life (a round), so it is not
-    #: recomputed twice a step. A 1-tuple (the part may be None: not batchable).
-    host_signature: tuple[Any] | None = None
 
     # Host-side signals of the previous step, used by rewards and features.
     val_acc = RowField("val_acc", float)
@@ -109,6 +105,9 @@ class EnvState:
         """Rollback: momentum from the discarded trajectory must not leak into the restore."""
         self.host_optimizer.state.clear()
         self.seed_optimizers.clear()
+        self.table.seed_sgd[self.row] = False
+        self.table.changed.add(self.row)
+        self.table.unadopted.add(self.row)  # a restore may bring back a fossil
         if self.store is not None:
             self.store.clear_momentum(self)
 

@@ -73,8 +73,15 @@ class EnvTable:
         self.memory_seed_params = np.zeros(n, dtype=np.int64)
         #: Lifecycle records as reported, with their env's row (:meth:`reporter`).
         self.records: list[tuple[int, LifecycleRecord]] = []
-        #: Rows whose seeds changed since their optimizers were last brought in line.
+        #: Rows whose seeds changed since their optimizers were last brought in line,
+        #: and since a batched pass last adopted their seeds into its store.
         self.changed: set[int] = set()
+        self.unadopted: set[int] = set()
+        #: Per (env, slot): the seed there has an optimizer (it steps in a train pass).
+        self.seed_sgd = np.zeros((n, n_slots), dtype=bool)
+        #: The batched passes' stores for this round (``host_batching.round_stores``):
+        #: (how many envs they cover, the stores or None for a per-env round).
+        self.stores: tuple[int, Any] | None = None
         # Episode totals.
         self.episode: dict[str, np.ndarray] = {
             **{k: np.zeros(n) for k in EPISODE_FLOATS},
@@ -104,6 +111,7 @@ class EnvTable:
         def report(record: LifecycleRecord) -> None:
             self.records.append((row, record))
             self.changed.add(row)
+            self.unadopted.add(row)
             name = COUNTED.get(type(record))
             if name is not None:
                 self.episode[name][row] += 1

@@ -285,7 +285,7 @@ class HostEnvs:
         t0 = time.perf_counter()
         if self.faults.data_error(rnd, step):
             raise InjectedDataError(f"injected data-loader failure at round {rnd}, step {step}")
-        nan_envs = frozenset(e.index for e in envs if self.faults.nan_loss(rnd, step, e.index))
+        nan_envs = self.faults.nan_envs(rnd, step)
         epoch = rnd * self.horizon + step
         if self.batched:
             train, grads = train_epoch_batched(

@@ -130,6 +130,12 @@ class FaultPlan:
     def nan_loss(self, rnd: int, step: int, env: int) -> bool:
         return bool(self._faults) and (FaultKind.NAN, rnd, step, env) in self._faults
 
+    def nan_envs(self, rnd: int, step: int) -> frozenset[int]:
+        """The (global) envs whose loss turns NaN at this step."""
+        return frozenset(
+            env for kind, r, s, env in self._faults if (kind, r, s) == (FaultKind.NAN, rnd, step)
+        )
+
     def policy_nan(self, rnd: int) -> bool:
         return bool(self._faults) and (FaultKind.POLICY_NAN, rnd, -1, 0) in self._faults
 

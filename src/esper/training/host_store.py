@@ -23,15 +23,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from esper.core.enums import SeedStage
 from esper.model.blending import BlendGate
+from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.memory_format import is_channels_last
+from esper.model.slot_table import STAGE_CODE, codes
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
     from esper.training.env_state import EnvState
+    from esper.training.slot_groups import SgdSettings
+
+_BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
+#: Stages whose seed has stepped (it was in a train pass's forward).
+_STEPPED = BLENDED_STAGES | {SeedStage.TRAINING}
 
 #: 4-d tensors kept channels-last are laid out (O, H, W, I) in their row.
 CHANNELS_LAST_ORDER = (0, 2, 3, 1)
@@ -179,10 +188,17 @@ def _repoint(tensors: Sequence[Tensor], views: Sequence[Tensor]) -> None:
 class HostStore:
     """The stacked tensors of one batched group for one round (module docstring)."""
 
-    def __init__(self, envs: Sequence[EnvState]) -> None:
+    def __init__(self, envs: Sequence[EnvState], host_settings: SgdSettings) -> None:
         self.envs = list(envs)
         model = envs[0].model
         self.device = envs[0].device
+        #: The round's table and this store's envs' rows of it (row i of the store).
+        self.table = envs[0].table
+        self.rows = np.array([e.row for e in envs], dtype=np.int64)
+        #: Table row -> store row, and each env's global index (faults name envs by it).
+        self.local = {int(row): i for i, row in enumerate(self.rows.tolist())}
+        self.indices = np.array([e.index for e in envs], dtype=np.int64)
+        self.host_settings = host_settings
         n = len(envs)
         host = [list(e.model.host.named_parameters()) for e in envs]
         self.params_layout = FlatLayout.of(host[0])
@@ -212,8 +228,9 @@ class HostStore:
         self.seed_params = self.params.new_zeros(n, self.seeds.width)
         self.seed_momentum = torch.zeros_like(self.seed_params)
         self._adopted: list[dict[str, nn.Module]] = [{} for _ in envs]
+        self.adopt_seeds(range(n))
         #: Row index tensors and SGD masks of the seed kinds (kinds change rarely).
-        self.index_cache: dict[tuple[int, ...], Tensor] = {}
+        self.index_cache: dict[bytes, Tensor] = {}
         self.mask_cache: dict[object, Any] = {}
         #: Each seed column's part (a segment's seed tensors, or its gate's): what the
         #: SGD masks are built from, per (env, part).
@@ -252,17 +269,20 @@ class HostStore:
             host_m.to(like.device, like.dtype, non_blocking=True),
         )
 
-    @staticmethod
-    def for_envs(envs: Sequence[EnvState]) -> HostStore:
-        """The store these envs already share, or a new one for exactly them."""
-        store = envs[0].store
-        if (
-            isinstance(store, HostStore)
-            and len(store.envs) == len(envs)
-            and all(a is b and b.store is store for a, b in zip(store.envs, envs, strict=True))
-        ):
-            return store
-        return HostStore(envs)
+    def index(self, rows: np.ndarray) -> Tensor:
+        """``rows`` as a long tensor on the device (cached: kinds change rarely)."""
+        key = rows.astype(np.int64).tobytes()
+        found = self.index_cache.get(key)
+        if found is None:
+            found = torch.from_numpy(rows.astype(np.int64)).to(self.device, non_blocking=True)
+            self.index_cache[key] = found
+        return found
+
+    def alphas(self) -> np.ndarray:
+        """Each env's slots' current alphas ([N, n_slots]; 0 where not blended)."""
+        t = self.table.slots
+        out: np.ndarray = np.where(np.isin(t.stage[self.rows], _BLENDED), t.alpha[self.rows], 0.0)
+        return out
 
     # --- seeds ---------------------------------------------------------------------------
 
@@ -270,9 +290,11 @@ class HostStore:
         return self.seeds.segments[(slot_id, blueprint)]
 
     @torch.no_grad()
-    def adopt_seeds(self) -> None:
-        """Copy every seed not seen yet into its row of its (slot, blueprint) segment."""
-        for i, env in enumerate(self.envs):
+    def adopt_seeds(self, rows: Iterable[int]) -> None:
+        """Copy every seed of these envs (store rows) not seen yet into its row of its
+        (slot, blueprint) segment."""
+        for i in rows:
+            env = self.envs[i]
             adopted = self._adopted[i]
             for slot_id in env.model.slot_ids:
                 slot = env.model.slot(slot_id)
@@ -306,31 +328,24 @@ class HostStore:
 
     # --- the per-env optimizers' view of the momentum ----------------------------------
 
-    def expose_host_momentum(self) -> None:
-        """Give each env's host optimizer its momentum row as ``momentum_buffer`` views, so
-        per-env readers see the batched state (again after a rollback cleared it)."""
+    def expose_momentum(self) -> None:
+        """Give each env's optimizers their momentum rows as ``momentum_buffer`` views (on
+        demand: what a reader of per-env optimizer state, such as a test, calls)."""
         for i, env in enumerate(self.envs):
             state = env.host_optimizer.state
-            params = list(env.model.host.parameters())
-            if params and "momentum_buffer" in state.get(params[0], {}):
-                continue
             views = self.params_layout.row_views(self.momentum[i])
-            for p, view in zip(params, views, strict=True):
+            for p, view in zip(env.model.host.parameters(), views, strict=True):
                 state[p]["momentum_buffer"] = view
-
-    def expose_seed_momentum(self, row: int, slot_id: str, lay: FlatLayout, offset: int) -> None:
-        """The same for a seed that stepped (kept once set: the view stays current)."""
-        env = self.envs[row]
-        opt = env.seed_optimizers.get(slot_id)
-        if opt is None:
-            return
-        slot = env.model.slot(slot_id)
-        params = dict(slot.named_parameters())
-        views = lay.row_views(self.seed_momentum[row, offset : offset + lay.width])
-        for name, view in zip(lay.names, views, strict=True):
-            p = params[name]
-            if "momentum_buffer" not in opt.state.get(p, {}):
-                opt.state[p]["momentum_buffer"] = view
+            for slot_id, opt in env.seed_optimizers.items():
+                slot = env.model.slot(slot_id)
+                if slot.life.stage not in _STEPPED:
+                    continue  # a GERMINATED seed is outside the forward: never stepped
+                seg = self.segment(slot_id, slot.life.blueprint)
+                lay = seg.layout(with_gate=slot.gate is not None)
+                cols = self.seed_momentum[i, seg.offset : seg.offset + lay.width]
+                params = dict(slot.named_parameters())
+                for name, view in zip(lay.names, lay.row_views(cols), strict=True):
+                    opt.state[params[name]]["momentum_buffer"] = view
 
 
 def _momentum(env: EnvState, p: Tensor) -> Tensor:

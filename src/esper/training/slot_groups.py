@@ -1,41 +1,48 @@
-"""One batched train or evaluation pass for every env on a device: hosts stacked, seeds
-grouped per slot.
+"""One batched train or evaluation pass for a group of envs: hosts stacked, seeds grouped
+per slot.
 
 Why: on a GPU these hosts are launch-bound, so the work of a step must not grow with
 the number of envs or parameters. :class:`HostBatch` runs each host segment once,
-vmapped over every env's host parameters (views of the group's
+vmapped over its rows' host parameters (the group's
 :class:`~esper.training.host_store.HostStore`). At each slot it splits the batch only by
-that slot's seed kind (blueprint, stage class, blend operator, trainability, SGD
-settings), runs each kind vmapped over its own envs (their rows of the seed store,
-gathered with one index), and puts the activations back in env order. Empty slots and
-seeds outside the forward (GERMINATED, cooldown) pass the activation through, as in
-``SeedSlot.forward``. Clipping, the SGD step and gradient norms then run on the stacked
-gradients: a handful of kernels for all envs together.
+that slot's seed kind (blueprint, stage class, blend operator, trainability, whether it
+steps), read from the round's slot table for all rows at once; runs each kind vmapped
+over its own rows (their rows of the seed store, gathered with one index); and puts the
+activations back in row order. Empty slots and seeds outside the forward (GERMINATED,
+cooldown) pass the activation through, as in ``SeedSlot.forward``. Clipping, the SGD
+step and gradient norms then run on the stacked gradients: a handful of kernels for all
+envs together.
 
-Per-env semantics as in :mod:`host_batching`: each env has its own loss, alphas, clip
-coefficient (host and seed norms summed per env) and momentum; a seed without an
-optimizer (a fossil right after a rollback) contributes to its env's norm but does not
-step, as with torch's per-env optimizers.
+A batch's rows are its envs (training) or (env, configuration) pairs (validation: each
+row one alpha configuration of one env, no padding). Per-env semantics as in
+:mod:`host_batching`: each env has its own loss, alphas, clip coefficient (host and seed
+norms summed per env) and momentum; a seed without an optimizer (a fossil right after a
+rollback) contributes to its env's norm but does not step, as with torch's per-env
+optimizers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from esper.core.enums import SeedStage, Topology
+from esper.core.enums import BlendOp, SeedStage
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
+from esper.model.slot_table import BLEND_CODE, STAGE_CODE, codes
 from esper.training.batch_ops import PassOptions, autocast, loss_and_correct
-from esper.training.env_state import TRAIN_ACCUM, EnvState
+from esper.training.env_state import TRAIN_ACCUM
 from esper.training.host_store import FlatLayout, HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
+_BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
+_TRAINING = STAGE_CODE[SeedStage.TRAINING]
+_GATE = BLEND_CODE[BlendOp.GATE]
 
 
 @dataclass(frozen=True)
@@ -47,62 +54,24 @@ class SgdSettings:
     weight_decay: float
 
 
-def sgd_owners(env: EnvState) -> dict[int, tuple[torch.optim.SGD, SgdSettings]] | None:
-    """Parameter id -> (optimizer, settings); None if an optimizer cannot be batched."""
-    owners: dict[int, tuple[torch.optim.SGD, SgdSettings]] = {}
-    for opt in (env.host_optimizer, *env.seed_optimizers.values()):
-        if not isinstance(opt, torch.optim.SGD):
-            return None
-        for group in opt.param_groups:
-            if group["dampening"] or group["nesterov"] or group["maximize"]:
-                return None
-            settings = SgdSettings(group["lr"], group["momentum"], group["weight_decay"])
-            for p in group["params"]:
-                owners[id(p)] = (opt, settings)
-    return owners
-
-
-def _in_forward(slot: SeedSlot, train: bool) -> bool:
-    """Whether the slot's seed runs in the forward (``SeedSlot.forward``): a TRAINING
-    seed only where gradients flow (its straight-through output is exactly the input)."""
-    stage = slot.life.stage
-    if slot.seed is None:
-        return False
-    return stage in BLENDED_STAGES or (train and stage == SeedStage.TRAINING)
-
-
-def host_key(env: EnvState) -> Hashable | None:
-    """Envs with equal keys share one batched host graph; None: only per env."""
-    owners = sgd_owners(env)  # seed optimizers come and go: checked every time
-    if env.scaler is not None or owners is None or env.model.topology != Topology.CNN:
-        return None  # see host_batching.structure_key for each reason
-    if env.host_signature is None:
-        env.host_signature = (_host_signature(env, owners),)
-    return env.host_signature[0]
-
-
-def _host_signature(
-    env: EnvState, owners: dict[int, tuple[torch.optim.SGD, SgdSettings]]
-) -> Hashable | None:
-    """The host part of :func:`host_key`: shapes, dtypes, SGD settings, buffers, slots."""
-    host = env.model.host
-    params = tuple(
-        (n, tuple(p.shape), p.dtype, p.requires_grad, owners.get(id(p), (None, None))[1])
-        for n, p in host.named_parameters()
-    )
-    if len({settings for *_, settings in params}) != 1 or not all(p[3] for p in params):
-        return None  # the stacked host steps as one trainable SGD group
-    buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in host.named_buffers())
-    return (str(env.device), env.model.slot_ids, params, buffers)
+def sgd_settings(opt: torch.optim.Optimizer) -> SgdSettings | None:
+    """An optimizer's one SGD group's settings; None if it cannot be batched."""
+    if not isinstance(opt, torch.optim.SGD) or len(opt.param_groups) != 1:
+        return None
+    group = opt.param_groups[0]
+    if group["dampening"] or group["nesterov"] or group["maximize"]:
+        return None
+    return SgdSettings(group["lr"], group["momentum"], group["weight_decay"])
 
 
 @dataclass(frozen=True)
 class _Kind:
-    """The envs (rows) of one seed kind at one slot, and where their tensors live."""
+    """The rows of one seed kind at one slot, and where their tensors live."""
 
     slot_id: str
-    rows: tuple[int, ...]
+    rows: tuple[int, ...]  # positions in the batch
     index: Tensor  # ``rows`` on the device
+    store_index: Tensor  # their envs' rows of the seed store
     module: SeedSlot  # the forward code (a member's slot)
     layout: FlatLayout  # the kind's tensors, relative to ``offset`` in the seed store
     offset: int
@@ -111,32 +80,39 @@ class _Kind:
 
 
 class HostBatch:
-    """Envs with one :func:`host_key`, for one pass (see the module docstring).
+    """A batch of rows over one store's envs, for one pass (see the module docstring).
 
-    ``train=False`` evaluates (under ``torch.no_grad``, models in eval mode): TRAINING
-    seeds pass through, as they do without gradients.
+    ``members[r]``: the store row (env) of batch row r, default every env once, in
+    order; ``alphas[r]``: row r's alpha per slot (default each env's current ones).
+    ``train=False`` evaluates (under ``torch.no_grad``): TRAINING seeds pass through,
+    as they do without gradients.
     """
 
-    def __init__(self, envs: Sequence[EnvState], *, train: bool = True) -> None:
-        self.envs = list(envs)
+    def __init__(
+        self,
+        store: HostStore,
+        *,
+        train: bool = True,
+        members: np.ndarray | None = None,
+        alphas: np.ndarray | None = None,
+    ) -> None:
+        self.store = store
         self.train = train
-        self.store = HostStore.for_envs(envs)
-        self.store.adopt_seeds()
-        self.model = envs[0].model
-        self.device = envs[0].device
-        owners = [sgd_owners(e) for e in envs]
-        self.kinds: dict[str, list[_Kind]] = {
-            slot_id: self._kinds_at(slot_id, owners) for slot_id in self.model.slot_ids
-        }
-        first = next(iter(envs[0].model.host.parameters()))
-        owner0 = owners[0]
-        assert owner0 is not None, "host_key admits only batchable optimizers"
-        self.host_settings = owner0[id(first)][1]
-        alphas = [e.model.alpha_values() for e in envs]
-        self.alphas = torch.tensor(alphas).to(self.device, non_blocking=True)  # [N, n_slots]
+        self.envs = store.envs
+        self.model = store.envs[0].model
+        self.device = store.device
+        self.members = np.arange(len(self.envs)) if members is None else members
+        self.whole = members is None  # each env once, in order: the store itself
+        rows = store.rows[self.members]  # the batch rows' table rows
+        if alphas is None:
+            alphas = store.alphas()[self.members]
+        self.alphas = torch.from_numpy(alphas.astype(np.float32)).to(self.device, non_blocking=True)
+        slot_ids = self.model.slot_ids  # the table's column order
+        self.kinds = {s: self._kinds_at(j, s, rows) for j, s in enumerate(slot_ids)}
+        self.host_settings = store.host_settings
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
         self._loss = torch.vmap(loss_and_correct)
-        self.accum = torch.zeros(len(envs), TRAIN_ACCUM.width, device=self.device)
+        self.accum = torch.zeros(len(self.members), TRAIN_ACCUM.width, device=self.device)
         self.leaves: dict[int, Tensor] = {}
         self.grad_norms: Tensor | None = None
         #: The last batch's clipped gradients: host [N, P] and seeds [N, S] (or None).
@@ -144,56 +120,49 @@ class HostBatch:
 
     # --- grouping --------------------------------------------------------------------
 
-    def _kinds_at(
-        self, slot_id: str, owners: list[dict[int, tuple[torch.optim.SGD, SgdSettings]] | None]
-    ) -> list[_Kind]:
-        by_kind: dict[Hashable, list[int]] = {}
-        for i, env in enumerate(self.envs):
-            slot = env.model.slot(slot_id)
-            if not _in_forward(slot, self.train):
-                continue
-            owner = owners[i]
-            assert owner is not None
-            by_kind.setdefault(self._kind_key(slot, owner), []).append(i)
+    def _kinds_at(self, col: int, slot_id: str, rows: np.ndarray) -> list[_Kind]:
+        """The seed kinds at slot ``col``, from the table's columns for every row."""
+        t = self.store.table.slots
+        stage = t.stage[rows, col]
+        training = stage == _TRAINING
+        in_forward = np.isin(stage, _BLENDED) | (self.train & training)
+        if not in_forward.any():
+            return []
+        trainable = ~t.scheduled_prune[rows, col]
+        stepping = self.store.table.seed_sgd[rows, col]
+        key = np.stack(
+            [t.blueprint_id[rows, col], training, t.blend_op[rows, col], trainable, stepping], 1
+        )[in_forward]
+        positions = np.nonzero(in_forward)[0]
+        first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)[1:]
         kinds = []
-        for rows in by_kind.values():
-            slot = self.envs[rows[0]].model.slot(slot_id)
-            seg = self.store.segment(slot_id, slot.life.blueprint)
-            with_gate = slot.gate is not None and slot.life.stage != SeedStage.TRAINING
-            owner = owners[rows[0]]
-            assert owner is not None
-            found = [owner.get(id(p)) for p in slot.parameters()]
-            settings = {f[1] for f in found if f is not None}
-            kinds.append(
-                _Kind(
-                    slot_id=slot_id,
-                    rows=tuple(rows),
-                    index=self._index(rows),
-                    module=slot,
-                    layout=seg.layout(with_gate),
-                    offset=seg.offset,
-                    trainable=all(p.requires_grad for p in slot.parameters()),
-                    settings=settings.pop() if len(settings) == 1 and None not in found else None,
-                )
-            )
+        for k in np.argsort(first, kind="stable"):  # kinds in order of their first row
+            batch_rows = positions[inverse.reshape(-1) == k]
+            kinds.append(self._kind(col, slot_id, batch_rows))
         return kinds
 
-    def _kind_key(
-        self, slot: SeedSlot, owner: dict[int, tuple[torch.optim.SGD, SgdSettings]]
-    ) -> Hashable:
-        params = tuple(
-            (n, p.requires_grad, owner.get(id(p), (None, None))[1])
-            for n, p in slot.named_parameters()
+    def _kind(self, col: int, slot_id: str, batch_rows: np.ndarray) -> _Kind:
+        store, t = self.store, self.store.table.slots
+        env_rows = self.members[batch_rows]
+        lead = int(env_rows[0])
+        row = int(store.rows[lead])
+        env = self.envs[lead]
+        slot = env.model.slot_at(col)
+        seg = store.segment(slot_id, str(t.blueprint[row, col]))
+        training = t.stage[row, col] == _TRAINING
+        with_gate = t.blend_op[row, col] == _GATE and not training
+        opt = env.seed_optimizers.get(slot_id)
+        return _Kind(
+            slot_id=slot_id,
+            rows=tuple(batch_rows.tolist()),
+            index=store.index(batch_rows),
+            store_index=store.index(env_rows),
+            module=slot,
+            layout=seg.layout(bool(with_gate)),
+            offset=seg.offset,
+            trainable=not t.scheduled_prune[row, col],
+            settings=sgd_settings(opt) if store.table.seed_sgd[row, col] and opt else None,
         )
-        stage = "train" if slot.life.stage == SeedStage.TRAINING else "blend"
-        return (slot.life.blueprint, stage, slot.life.blend_op, params)
-
-    def _index(self, rows: Sequence[int]) -> Tensor:
-        cache = self.store.index_cache
-        key = tuple(rows)
-        if key not in cache:
-            cache[key] = torch.tensor(key).to(self.device, non_blocking=True)
-        return cache[key]
 
     # --- forward ---------------------------------------------------------------------
 
@@ -204,30 +173,36 @@ class HostBatch:
         for kinds in self.kinds.values():
             for kind in kinds:
                 cols = self.store.seed_params[:, kind.offset : kind.offset + kind.layout.width]
-                leaf = cols.detach() if len(kind.rows) == n else cols.index_select(0, kind.index)
+                everyone = self.whole and len(kind.rows) == n
+                leaf = cols.detach() if everyone else cols.index_select(0, kind.store_index)
                 if self.train and kind.trainable:
                     leaf = leaf.detach().requires_grad_()
                 self.leaves[id(kind)] = leaf
 
-    def forward(
-        self, x: Tensor, alphas: Tensor | None = None, host: Tensor | None = None
-    ) -> Tensor:
-        """Logits [N, B, ...] of every env for inputs x [N, B, ...]; ``alphas``
-        [N, B, n_slots] forces per-sample alphas (else each env's current ones);
-        ``host`` is the stacked host parameters to differentiate (default: the store)."""
+    def forward(self, x: Tensor, host: Tensor | None = None) -> Tensor:
+        """Logits [R, B, ...] of every row for inputs x [R, B, ...] at the rows' alphas;
+        ``host`` is the stacked host parameters to differentiate (default: the store's,
+        gathered for the rows)."""
         if not self.leaves:
             self._gather_leaves()
         store = self.store
-        params = store.params_layout.stack_views(store.params if host is None else host)
+        if host is None:
+            host = store.params if self.whole else store.params.index_select(0, self._members())
+        params = store.params_layout.stack_views(host)
         buffers = store.buffers
+        if not self.whole:
+            buffers = {k: b.index_select(0, self._members()) for k, b in buffers.items()}
         host_net = self.model.host
         h = self._call_host(host_net.stem, "stem.", params, buffers, x)
         for i, segment in enumerate(host_net.segments):
             h = self._call_host(segment, f"segments.{i}.", params, buffers, h)
             slot_id = self.slot_at.get(i)
             if slot_id is not None:
-                h = self._slot(slot_id, h, alphas)
+                h = self._slot(slot_id, h)
         return self._call_host(host_net.head, "head.", params, buffers, h)
+
+    def _members(self) -> Tensor:
+        return self.store.index(self.members)
 
     def _call_host(
         self, module: nn.Module, prefix: str, params: dict[str, Tensor],
@@ -238,25 +213,28 @@ class HostBatch:
         bufs = {k[cut:]: v for k, v in buffers.items() if k.startswith(prefix)}
         return _vmapped(module, own, bufs, h)
 
-    def _slot(self, slot_id: str, h: Tensor, alphas: Tensor | None) -> Tensor:
+    def _slot(self, slot_id: str, h: Tensor) -> Tensor:
         kinds = self.kinds[slot_id]
         if not kinds:
             return h
-        col = self.model.slot_ids.index(slot_id)
-        if alphas is None:
-            column = self.alphas[:, col]  # [N]: one alpha per env
-        else:  # [N, B]: per sample, shaped to broadcast over each sample's activation
-            column = alphas[:, :, col].reshape(alphas.shape[:2] + (1,) * (h.dim() - 2))
-        everyone = len(kinds) == 1 and len(kinds[0].rows) == len(self.envs)
+        column = self.alphas[:, self.model.slot_ids.index(slot_id)]  # [R]: one per row
+        everyone = len(kinds) == 1 and len(kinds[0].rows) == len(self.members)
         out = h
         for kind in kinds:
             params = kind.layout.stack_views(self.leaves[id(kind)])
-            if everyone:  # every env runs the same seed kind here: no gather, no scatter
+            if everyone:  # every row runs the same seed kind here: no gather, no scatter
                 return _vmapped(kind.module, params, {}, h, column)
             alpha = column.index_select(0, kind.index)
             part = _vmapped(kind.module, params, {}, h.index_select(0, kind.index), alpha)
             out = out.index_copy(0, kind.index, part.to(out.dtype))
         return out
+
+    def set_modes(self) -> None:
+        """Train or eval mode on the modules whose code runs (the batch's templates)."""
+        self.model.host.train(self.train)
+        for kinds in self.kinds.values():
+            for kind in kinds:
+                kind.module.train(self.train)
 
     # --- training ----------------------------------------------------------------------
 
@@ -352,14 +330,15 @@ class HostBatch:
         masks: dict[SgdSettings, tuple[Tensor, Tensor]] = {}
         for settings in dict.fromkeys(k.settings for k in stepping):
             assert settings is not None
-            table = [[0.0] * store.n_parts for _ in self.envs]
-            decay = [[1.0] * store.n_parts for _ in self.envs]
+            table = np.zeros((len(self.envs), store.n_parts))
+            decay = np.ones((len(self.envs), store.n_parts))
             for k in stepping:
                 if k.settings == settings:
-                    for part in store.parts_of(k.offset, k.layout.width):
-                        for row in k.rows:
-                            table[row][part], decay[row][part] = 1.0, settings.momentum
-            both = torch.tensor([table, decay], dtype=store.params.dtype)
+                    parts = store.parts_of(k.offset, k.layout.width)
+                    rows = np.array(k.rows)[:, None]
+                    table[rows, parts] = 1.0
+                    decay[rows, parts] = settings.momentum
+            both = torch.from_numpy(np.stack([table, decay])).to(store.params.dtype)
             both = both.to(self.device, non_blocking=True)
             mask, factor = both.index_select(2, store.column_part).unbind(0)
             masks[settings] = (mask, factor)
@@ -377,24 +356,7 @@ class HostBatch:
 
     # --- after the epoch ---------------------------------------------------------------
 
-    def finish(self, *, expose_grads: bool = False) -> None:
-        """Per env: train sums, gradient norms and the momentum buffers, as views of the
-        stacked tensors; the last batch's gradients too when ``expose_grads``."""
-        self.store.expose_host_momentum()
-        for kinds in self.kinds.values():
-            for kind in kinds:
-                if kind.trainable and kind.settings is not None:
-                    for row in kind.rows:
-                        self.store.expose_seed_momentum(row, kind.slot_id, kind.layout, kind.offset)
-        norms = self.grad_norms
-        for i, env in enumerate(self.envs):
-            env.train_accum = self.accum[i]
-            if norms is not None:
-                env.last_grad_norms = norms[i]
-        if expose_grads:
-            self._expose_grads()
-
-    def _expose_grads(self) -> None:
+    def expose_grads(self) -> None:
         """Each env's parameters get their last-batch gradient (views), as after a
         per-env epoch; tensors outside the forward get none (debug layer statistics)."""
         if self.last_grads is None:
