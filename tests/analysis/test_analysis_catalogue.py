@@ -75,8 +75,9 @@ def test_catalogue_table_and_several_dirs(
 ) -> None:
     assert main(["runs", str(telemetry_dir / "scripted"), str(telemetry_dir / "child")]) == 0
     out = capsys.readouterr().out
-    for text in ("id", "env-steps", "EPS", "final mean reward", "parent run", "2/2", "scripted"):
+    for text in ("id", "env-steps", "EPS", "final mean reward", "final acc %", "seed", "envs"):
         assert text in out
+    assert "2/2" in out and "resumed from scripted" in out  # the child names its parent
     assert "crashed" not in out
 
 
