@@ -118,3 +118,15 @@ def test_negative_zero_prints_as_zero() -> None:
 
     assert format_value(-0.0) == "0" and format_value(0.0) == "0"
     assert format_value(-0.25) == "-0.25" and format_value(-1e-5) == "-1.000e-05"
+
+
+def test_numbers_read_as_numbers_and_a_run_without_family_names_its_host(
+    scripted_run: Path,
+) -> None:
+    """Issue 49: parameter counts printed as 1.027e+04, and ``analyze hosts`` of a run
+    without a family printed a row with a blank name."""
+    assert format_value(10270.0) == "10270" and format_value(250000.5) == "250000"
+    assert format_value(1.5e6) == "1.500e+06" and format_value(0.5) == "0.5"
+    code, out, _ = _cli("hosts", str(scripted_run), "--json")
+    assert code == 0
+    assert [row["host"] for row in json.loads(out)["by_host"]] == ["(no family)"]
