@@ -21,6 +21,10 @@ from esper_analysis.loader import Run
 
 #: The config sections that decide which host an env trains, and on what data.
 HOST_SECTIONS: Final = ("task", "host", "family")
+#: Keys of those sections that say where, not what (the same data at another path).
+NOT_PAIRING: Final = frozenset({"task.data_path"})
+#: Longest value shown in a difference (longer ones end in "...").
+MAX_SHOWN: Final = 60
 #: Differences named in one error before "and N more".
 MAX_NAMED_DIFFERENCES: Final = 3
 #: How ``python -m esper`` appears in ``sys.argv[0]``.
@@ -158,6 +162,8 @@ def pairing_facts(info: RunInfo) -> dict[str, Any] | None:
     if info.config:
         for section in HOST_SECTIONS:
             facts.update(_flatten(section, info.config.get(section, {})))
+        for key in NOT_PAIRING:
+            facts.pop(key, None)
     else:  # an old or hand-written run_started: the fields it has
         facts["task.name"] = info.task
     return facts
@@ -173,11 +179,15 @@ def _flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 
 def _show(value: Any) -> str:
+    """A fact's value in one short phrase (a family by its members' names)."""
     if isinstance(value, list):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    return "none" if value is None else str(value)
+        text = "[" + ", ".join(_show(v.get("name", v)) if isinstance(v, dict) else _show(v)
+                               for v in value) + "]"  # fmt: skip
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = "none" if value is None else str(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 
 def pairing_differences(

@@ -274,3 +274,20 @@ def test_intervals_are_student_t_and_welch() -> None:
     welch = welch_ci([10, 12, 14], [20, 22, 24, 26, 28])
     half = 2.571 * math.sqrt(4 / 3 + 2)
     assert (welch.mean, welch.low, welch.high) == pytest.approx((12, 12 - half, 12 + half))
+
+
+def test_pairing_facts_are_the_hosts_not_where_the_data_lies(runs: tuple[Path, Path, Path]) -> None:
+    """The same data at another path pairs; another host width does not."""
+    import dataclasses
+
+    from esper_analysis.run_info import pairing_differences, run_info
+
+    from esper.config import Config
+
+    config = json.loads(Config().to_json())
+    ref = dataclasses.replace(run_info(load_run(runs[0])), config=config)
+    moved = {**config, "task": {**config["task"], "data_path": "/elsewhere/cifar"}}
+    assert pairing_differences(ref, dataclasses.replace(ref, config=moved)) == []
+    wider = {**config, "host": {**config["host"], "base_channels": 32}}
+    diffs = pairing_differences(ref, dataclasses.replace(ref, config=wider))
+    assert diffs == ["host.base_channels 32 vs 16"]
