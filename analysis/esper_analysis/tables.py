@@ -19,8 +19,9 @@ from typing import Any, Final, TextIO
 
 import polars as pl
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from esper_analysis.errors import AnalysisError
 from esper_analysis.result import AnalysisResult
@@ -36,6 +37,7 @@ PIPE_WIDTH: Final = 100
 KEY_COLUMNS: Final = frozenset(
     {"run_id", "run", "id", "rank", "round", "env", "step", "type", "component", "op", "head"}
     | {"blueprint", "slot", "seed_id", "metric", "dimension", "key", "host", "phase"}
+    | {"group", "seed"}
 )
 #: Columns read together: a split never separates those of a table (the group goes
 #: where its first column is).
@@ -140,7 +142,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def rich_table(title: str, frame: pl.DataFrame, max_rows: int = DEFAULT_MAX_ROWS) -> Table:
+def rich_table(title: str, frame: pl.DataFrame, max_rows: int = DEFAULT_MAX_ROWS) -> RenderableType:
     """One rich table of the whole frame (as wide as it needs; see :func:`rich_tables`)."""
     return rich_tables(title, frame, max_rows, width=None)[0]
 
@@ -152,14 +154,15 @@ def rich_tables(
     *,
     width: int | None,
     keys: Sequence[str] | None = None,
-) -> list[Table]:
+) -> list[RenderableType]:
     """The frame as rich tables that each fit ``width`` cells (one table if None or if it fits).
 
     Cells are never cut: columns go whole into the part that has room for them, after
     the key columns (``keys``; default the fewest leading :data:`KEY_COLUMNS` that tell
-    the shown rows apart). With a ``width``, an identifier or text column holding one
-    value in every row (``rank`` of a one-process run) is said once in the title
-    instead, and a table that does not fit breaks long headers at their underscores.
+    the shown rows apart, or the first column). With a ``width``, an identifier or text
+    column holding one value in every row (``rank`` of a one-process run) is said once
+    in the title instead, and a table that does not fit breaks long headers at their
+    underscores; the title stands above the table (a line that wraps at the width).
     """
     said = ""
     if width is not None:
@@ -176,7 +179,7 @@ def rich_tables(
         if width is None
         else _column_groups(frame, widths, width, keys, cells)
     )
-    tables = []
+    tables: list[tuple[str, Table]] = []
     for number, group in enumerate(groups, start=1):
         part = f" ({number}/{len(groups)})" if len(groups) > 1 else ""
         full = title + part
@@ -184,12 +187,10 @@ def rich_tables(
             one_line = f"{title}{TITLE_SEP}{said}{part}"
             fits_line = width is None or cell_len(one_line) <= width
             full = one_line if fits_line else f"{full}\n{said}"
-        longest = max(cell_len(line) for line in full.splitlines())
         table = Table(
-            title=full,
+            title=full if width is None else None,
             title_justify="left",
             header_style="bold",
-            min_width=None if width is None else min(longest, width),
         )
         for i in group:
             whole = width is None or widths[i] + _COLUMN_CHROME + _TABLE_CHROME <= width
@@ -202,10 +203,14 @@ def rich_tables(
             )
         for row in cells:
             table.add_row(*(row[i] for i in group))
-        tables.append(table)
+        tables.append((full, table))
     if frame.height > max_rows:
-        tables[-1].caption = f"{frame.height - max_rows} more rows (use --json for all)"
-    return tables
+        tables[-1][1].caption = f"{frame.height - max_rows} more rows (use --json for all)"
+    if width is None:
+        return [table for _, table in tables]
+    # The title above the table, not in it: wrapped at the console's width (at spaces),
+    # never at a narrow table's, and the table is not stretched to the title.
+    return [Group(Text(full, style="table.title"), table) for full, table in tables]
 
 
 def _one_row_down(frame: pl.DataFrame) -> pl.DataFrame:
@@ -300,6 +305,8 @@ def _leading_keys(
         if name not in KEY_COLUMNS:
             break
         leading.append(i)
+    if not leading and frame.width > 1:
+        leading = [0]  # no known key: the first column still says which row is which
     for n in range(1, len(leading)):
         if len({tuple(row[i] for i in leading[:n]) for row in cells}) == len(cells):
             return leading[:n]
