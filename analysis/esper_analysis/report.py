@@ -52,7 +52,7 @@ _CSS: Final = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222}
 body{max-width:1200px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-.meta{color:#555;font-size:13px} .row{display:flex;flex-wrap:wrap;gap:12px}
+.meta{color:#555;font-size:13px} .row{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 .plot{background:#fff;border:1px solid #e3e3e3;border-radius:4px}
 .plot .title{font-size:13px;font-weight:600;fill:#222} .plot .tick{font-size:10px;fill:#555}
 .plot .label{font-size:11px;fill:#333} .plot .legend{font-size:10px;fill:#333}
