@@ -5,9 +5,11 @@ same run seeds, so round ``r`` of seed ``s`` starts from the same freshly seeded
 whatever the policy. Per policy it reports the mean episode reward per round, and over
 the last third of rounds: final accuracy, parameters added, accuracy gained per 1k added
 parameters (against the static host of the same seed and round), fossilized and pruned
-seeds; for PPO also explained variance, approx KL and clip fraction per update. Paired
-differences (PPO minus each other policy, paired by seed and round) come with standard
-errors. Every policy is one of ``esper train --policy ppo|heuristic|eager|random|static``
+seeds; for PPO also explained variance, approx KL and clip fraction per update. The
+statistics are ``esper analyze compare --group``'s (``esper_analysis.groups``): the mean
+over seeds of each run's last-third mean with a 95 % t interval over seeds, and the
+differences (PPO minus each other policy, each policy minus the static host) paired by
+seed. Every policy is one of ``esper train --policy ppo|heuristic|eager|random|static``
 (``esper.policy``): the static host always WAITs; the random policy draws every head
 uniformly among the valid choices; ``eager_heavy`` is the eager grower with
 ``policy.eager.blueprints = ["conv_heavy"]``.
@@ -31,9 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
+from esper_analysis.groups import group_curves, group_difference, group_summary, seed_means
+from esper_analysis.stats import Estimate, mean_ci
 
 from esper.config import Config, load_config, with_overrides
 from esper.core.enums import TelemetryLevel
@@ -116,94 +121,135 @@ def _last_third(rounds: int) -> range:
     return range(rounds - max(rounds // 3, 1), rounds)
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    finite = [x for x in xs if math.isfinite(x)]
-    if not finite:
-        return math.nan, math.nan
-    mean = statistics.fmean(finite)
-    se = statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) > 1 else math.nan
-    return mean, se
+def _per_round(runs: dict[str, dict[int, dict[str, Any]]], rounds: int) -> pl.DataFrame:
+    """One row per (policy, seed, round): the round's env means of every series."""
+    rows = [
+        {"group": name, "seed": s, "round": r, **{k: run[k][r] for k in ROUND_SERIES}}
+        for name, by_seed in runs.items()
+        for s, run in by_seed.items()
+        for r in range(rounds)
+    ]
+    schema = {"group": pl.String, "seed": pl.Int64, "round": pl.Int64}
+    return pl.DataFrame(rows, schema={**schema, **dict.fromkeys(ROUND_SERIES, pl.Float64)})
+
+
+def _ppo_per_round(by_seed: dict[int, dict[str, Any]], rounds: int) -> pl.DataFrame:
+    keys = ("ev", "kl", "clip", "value_loss")
+    rows = [
+        {"group": "ppo", "seed": s, "round": r, **{k: run["ppo"][k][r] for k in keys}}
+        for s, run in by_seed.items()
+        for r in range(rounds)
+    ]
+    schema = {"group": pl.String, "seed": pl.Int64, "round": pl.Int64}
+    return pl.DataFrame(rows, schema={**schema, **dict.fromkeys(keys, pl.Float64)})
+
+
+def _estimate(est: Estimate) -> dict[str, Any]:
+    """A difference as the results file stores it: mean, 95 % CI over seeds, n seeds."""
+    return {
+        "mean": est.mean,
+        "se": est.std_err,
+        "ci_low": est.low,
+        "ci_high": est.high,
+        "n": est.n,
+        "method": est.method,
+    }
 
 
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], rounds: int) -> dict[str, Any]:
-    """Per policy last-third means; paired differences by (seed, round)."""
+    """Per policy the mean over seeds of the last third's means, with 95 % intervals
+    over seeds; differences paired by seed (``esper_analysis.groups``, the statistics
+    of ``esper analyze compare --group``)."""
     last = _last_third(rounds)
-    seeds = sorted(runs["static"]) if "static" in runs else sorted(next(iter(runs.values())))
-    summary: dict[str, Any] = {"last_third_rounds": [last.start, last.stop - 1]}
+    per_round = _per_round(runs, rounds)
+    per_seed = seed_means(per_round, ROUND_SERIES)
+    table = {
+        (g, m): row for g, m, row in ((r["group"], r["metric"], r) for r in
+                                      group_summary(per_seed, ROUND_SERIES).to_dicts())
+    }  # fmt: skip
+    curves = group_curves(per_round, ["reward"])
+    summary: dict[str, Any] = {
+        "last_third_rounds": [last.start, last.stop - 1],
+        "statistics": "mean over seeds of each run's last-third mean; 95 % t interval over "
+        "seeds; differences paired by seed",
+    }
     for name, by_seed in runs.items():
         row: dict[str, Any] = {}
         for key in ROUND_SERIES:
-            row[key] = _mean_se([by_seed[s][key][r] for s in seeds for r in last])[0]
-        row["reward_per_round"] = [
-            statistics.fmean(by_seed[s]["reward"][r] for s in seeds) for r in range(rounds)
-        ]
+            row[key] = table[(name, key)]["mean"]
+            row[f"{key}_ci"] = [table[(name, key)]["ci_low"], table[(name, key)]["ci_high"]]
+        row["seeds"] = len(by_seed)
+        row["reward_per_round"] = curves.filter(pl.col("group") == name)["reward"].to_list()
         if "static" in runs and row["params"] > 0:
-            gain = (
-                row["acc"] - _mean_se([runs["static"][s]["acc"][r] for s in seeds for r in last])[0]
-            )
+            gain = row["acc"] - table[("static", "acc")]["mean"]
             row["acc_gain_per_1k_params"] = gain / (row["params"] / PARAMS_PER_K)
         else:
             row["acc_gain_per_1k_params"] = math.nan
         if name == "ppo":
-            upd = [by_seed[s]["ppo"] for s in seeds]
+            ppo = seed_means(_ppo_per_round(by_seed, rounds), ["ev", "kl", "clip", "value_loss"])
             for key in ("ev", "kl", "clip", "value_loss"):
-                row[f"{key}_last_third"] = _mean_se([u[key][r] for u in upd for r in last])[0]
+                row[f"{key}_last_third"] = mean_ci(ppo[key].to_list()).mean
         summary[name] = row
     paired: dict[str, Any] = {}
     if "ppo" in runs:
         for other in (p for p in runs if p != "ppo"):
             for key in ("reward", "acc"):
-                diffs = [
-                    runs["ppo"][s][key][r] - runs[other][s][key][r] for s in seeds for r in last
-                ]
-                mean, se = _mean_se(diffs)
-                paired[f"ppo-{other}:{key}"] = {"mean": mean, "se": se, "n": len(diffs)}
+                est = group_difference(per_seed, other, "ppo", key, paired=True)
+                paired[f"ppo-{other}:{key}"] = _estimate(est)
     summary["paired"] = paired
-    summary["vs_static"] = _vs_static(runs, seeds, last)
+    summary["vs_static"] = _vs_static(runs, per_seed, last)
     return summary
 
 
 def _vs_static(
-    runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int], last: range
+    runs: dict[str, dict[int, dict[str, Any]]], per_seed: pl.DataFrame, last: range
 ) -> dict[str, Any]:
-    """Each policy minus the static host, paired by (seed, round) over the last third.
+    """Each policy minus the static host, paired by seed (95 % interval over seeds).
 
-    ``agree`` counts the pairs where the policy out-earned the static host if and only
-    if it ended more accurate: how well the reward tracks accuracy.
+    ``agree`` counts the (seed, round) pairs of the last third where the policy
+    out-earned the static host if and only if it ended more accurate: how well the
+    reward tracks accuracy.
     """
     out: dict[str, Any] = {}
     if "static" not in runs:
         return out
     base = runs["static"]
     for name in (p for p in runs if p != "static"):
+        reward = group_difference(per_seed, "static", name, "reward", paired=True)
+        acc = group_difference(per_seed, "static", name, "acc", paired=True)
         pairs = [
             (
                 runs[name][s]["reward"][r] - base[s]["reward"][r],
                 runs[name][s]["acc"][r] - base[s]["acc"][r],
             )
-            for s in seeds
+            for s in sorted(set(runs[name]) & set(base))
             for r in last
         ]
-        reward, reward_se = _mean_se([d for d, _ in pairs])
-        acc, acc_se = _mean_se([a for _, a in pairs])
-        agree = sum(1 for d, a in pairs if (d > 0) == (a > 0))
         out[name] = {
-            "reward": reward,
-            "reward_se": reward_se,
-            "acc": acc,
-            "acc_se": acc_se,
-            "agree": agree,
-            "n": len(pairs),
+            "reward": reward.mean,
+            "reward_se": reward.std_err,
+            "reward_ci": [reward.low, reward.high],
+            "acc": acc.mean,
+            "acc_se": acc.std_err,
+            "acc_ci": [acc.low, acc.high],
+            "n": reward.n,
+            "agree": sum(1 for d, a in pairs if (d > 0) == (a > 0)),
+            "pairs": len(pairs),
         }
     return out
 
 
+def _ci(low: float, high: float) -> str:
+    return "—" if not (math.isfinite(low) and math.isfinite(high)) else f"{low:.3g} to {high:.3g}"
+
+
 def _print(summary: dict[str, Any], policies: list[str]) -> None:
-    cols = ["policy", "reward", "final acc %", "params added", "acc pp / 1k params"]
+    cols = ["policy", "seeds", "reward", "final acc %", "params added", "acc pp / 1k params"]
     cols += ["fossilized", "pruned", "germinated"]
     rows = [
         [
             p,
+            summary[p]["seeds"],
             summary[p]["reward"],
             summary[p]["acc"],
             summary[p]["params"],
@@ -214,17 +260,20 @@ def _print(summary: dict[str, Any], policies: list[str]) -> None:
         ]
         for p in policies
     ]
-    print_table("last third of rounds, mean per episode", cols, rows)
-    pairs = [[k, v["mean"], v["se"], v["n"]] for k, v in summary["paired"].items()]
-    print_table("paired differences (seed, round)", ["pair", "mean", "s.e.", "n"], pairs)
+    print_table("last third of rounds, mean over seeds", cols, rows)
+    pairs = [
+        [k, v["mean"], _ci(v["ci_low"], v["ci_high"]), v["n"]] for k, v in summary["paired"].items()
+    ]
+    print_table("differences paired by seed", ["pair", "mean", "95% CI", "seeds"], pairs)
     vs = summary.get("vs_static", {})
     if vs:
-        cols = ["policy", "reward", "s.e.", "acc pp", "s.e.", "reward sign = acc sign"]
+        cols = ["policy", "reward", "95% CI", "acc pp", "95% CI", "reward sign = acc sign"]
         rows = [
-            [p, v["reward"], v["reward_se"], v["acc"], v["acc_se"], f"{v['agree']}/{v['n']}"]
+            [p, v["reward"], _ci(*v["reward_ci"]), v["acc"], _ci(*v["acc_ci"]),
+             f"{v['agree']}/{v['pairs']}"]
             for p, v in vs.items()
-        ]
-        print_table("minus the static host, paired (seed, round)", cols, rows)
+        ]  # fmt: skip
+        print_table("minus the static host, paired by seed", cols, rows)
     if "ppo" in summary:
         s = summary["ppo"]
         print(

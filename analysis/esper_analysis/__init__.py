@@ -6,7 +6,10 @@ Load a run with :func:`load_run` (or every run under a directory with
 
 - :func:`event_counts`, :func:`capture_baseline` / :func:`check_baseline`
 - :func:`reward_breakdown`, :func:`rollback_audit`, :func:`seed_lifecycles`
-- :func:`action_distribution`, :func:`ppo_health`, :func:`throughput`
+- :func:`action_distribution`, :func:`ppo_health`, :func:`throughput`, :func:`host_choices`
+- :func:`run_info` (what was run: policy, task, seed, envs, config, command line)
+- :func:`compare_runs` (pair by pair) and :func:`compare_groups` (groups of seeds: mean
+  and 95 % interval over seeds, paired by seed)
 - :func:`write_report` (one self-contained HTML file)
 
 The command line is :func:`esper_analysis.cli.main` (``esper analyze ...`` or
@@ -17,7 +20,10 @@ from __future__ import annotations
 
 from esper_analysis import actions as _actions
 from esper_analysis import baseline as _baseline
+from esper_analysis import compare as _compare
 from esper_analysis import counts as _counts
+from esper_analysis import groups as _groups
+from esper_analysis import hosts as _hosts
 from esper_analysis import lifecycles as _lifecycles
 from esper_analysis import ppo as _ppo
 from esper_analysis import report as _report
@@ -27,6 +33,7 @@ from esper_analysis import throughput as _throughput
 from esper_analysis.baseline import read_baseline
 from esper_analysis.integrity import guard_corrupt_data
 from esper_analysis.loader import Run, load_run, load_runs, scan_runs
+from esper_analysis.run_info import RunInfo, run_info
 
 # Public entry points run under the corrupt-data guard: a scan that hits damaged data
 # pages raises CorruptFileError naming the file, never a raw polars error.
@@ -35,6 +42,7 @@ capture_baseline = guard_corrupt_data(_baseline.capture_baseline)
 check_baseline = guard_corrupt_data(_baseline.check_baseline)
 write_baseline = guard_corrupt_data(_baseline.write_baseline)
 event_counts = guard_corrupt_data(_counts.event_counts)
+host_choices = guard_corrupt_data(_hosts.host_choices)
 seed_lifecycles = guard_corrupt_data(_lifecycles.seed_lifecycles)
 ppo_health = guard_corrupt_data(_ppo.ppo_health)
 build_report = guard_corrupt_data(_report.build_report)
@@ -42,20 +50,28 @@ write_report = guard_corrupt_data(_report.write_report)
 reward_breakdown = guard_corrupt_data(_rewards.reward_breakdown)
 rollback_audit = guard_corrupt_data(_rollbacks.rollback_audit)
 throughput = guard_corrupt_data(_throughput.throughput)
+# Several runs at once: the guard names the file of one run; these read many.
+compare_runs = _compare.compare_runs
+compare_groups = _groups.compare_groups
 
 __all__ = [
     "Run",
+    "RunInfo",
     "action_distribution",
     "build_report",
     "capture_baseline",
     "check_baseline",
+    "compare_groups",
+    "compare_runs",
     "event_counts",
+    "host_choices",
     "load_run",
     "load_runs",
     "ppo_health",
     "read_baseline",
     "reward_breakdown",
     "rollback_audit",
+    "run_info",
     "scan_runs",
     "seed_lifecycles",
     "throughput",

@@ -21,9 +21,11 @@ from typing import Any, Final, TextIO
 import polars as pl
 
 from esper.errors import UserError
-from esper_analysis import compare
+from esper.suggest import parse_args_suggesting
+from esper_analysis import compare_cli
 from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
+from esper_analysis.compare_report import X_AXES
 from esper_analysis.counts import Counts, event_counts
 from esper_analysis.errors import AnalysisError
 from esper_analysis.hosts import host_choices
@@ -122,9 +124,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="RUN",
-        help="overlay these runs' curves, paired differences against RUN (default: none)",
+        help="overlay these runs' (or directories of runs') curves, differences against RUN "
+        "as in `compare` (default: none)",
     )
-    compare.add_parser(sub)
+    compare_cli.add_group_flags(report)
+    report.add_argument(
+        "--x-axis",
+        choices=X_AXES,
+        default="round",
+        help="x axis of the per-round charts: round, or env-steps done (default: round)",
+    )
+    compare_cli.add_parser(sub)
     return parser
 
 
@@ -170,13 +180,20 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
     from esper_analysis.report import REPORT_NAME, write_report
 
     baseline = read_baseline(args.baseline) if args.baseline else None
-    others = [load_run(p) for p in args.compare]
+    own = run.path.resolve()  # a directory of runs may hold the report's own run
+    others = [r for r in compare_cli.expand_runs(args.compare) if r.path.resolve() != own]
+    by = args.group
+    if by is None and any(compare_cli.is_runs_dir(p) for p in args.compare):
+        by = compare_cli.DIR_KEY  # a directory of runs is a group, as in `compare`
     path = write_report(
         run,
         args.output or run.path / REPORT_NAME,  # where `esper train --report` writes it
         baseline=baseline,
         baseline_source=args.baseline or "",
         compare_with=others,
+        compare_by=by,
+        unpaired=args.unpaired,
+        x_axis=args.x_axis,
     )
     if args.json:
         out.write(json.dumps({"report": str(path), "run": jsonable(_run_info(run))}) + "\n")
@@ -247,7 +264,7 @@ def _unique_name(name: str, taken: dict[str, Any]) -> str:
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "compare":  # several runs: its own module
-        return compare.run_compare(args, out, err)
+        return compare_cli.run_compare(args, out, err)
     several = _runs_under(Path(args.run))
     if several and args.command == "counts":
         return _counts_of_runs(args, out, err)
@@ -283,7 +300,7 @@ def main(
     err = stderr or sys.stderr
     parser = build_parser(prog)
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parse_args_suggesting(parser, list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse reports usage errors (2) and --help (0) this way
         return int(exc.code or 0)
     with warnings.catch_warnings(record=True) as caught:

@@ -5,12 +5,16 @@ TensorBoard needed); writing them needs the optional ``tensorboard`` extra and u
 TensorBoard's own event-file writer and protobufs, not ``torch.utils.tensorboard``, so
 the analysis layer still never imports torch. Each run becomes ``<out>/<run id>/``, so
 ``tensorboard --logdir <out>`` overlays several runs. The step of every scalar is the
-round (one PPO update per round); the wall time is the event's own timestamp.
+round (one PPO update per round); the wall time is the event's own timestamp. What was
+run goes along as text (TensorBoard's Text tab, step 0): ``run/summary`` (policy, task,
+seed, envs, rounds, hosts, command line, version) and ``run/config`` (the full resolved
+config as JSON), so the event files alone say what they measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import tempfile
@@ -27,6 +31,7 @@ from esper.telemetry.paths import validate_run_id
 from esper_analysis.lifecycles import seed_lifecycles, with_stage
 from esper_analysis.loader import Run
 from esper_analysis.rewards import reward_breakdown
+from esper_analysis.run_info import run_info
 
 #: What to install when the extra is missing (one line, printed as the error).
 INSTALL_HINT: Final = (
@@ -113,15 +118,44 @@ def run_scalars(run: Run) -> list[Scalar]:
     return sorted(scalars, key=lambda s: (s.tag, s.step))
 
 
-def _tensorboard() -> tuple[Any, Any, Any]:
-    """TensorBoard's writer and protos, or a one-line :class:`UserError` saying what to install."""
+def run_texts(run: Run) -> dict[str, str]:
+    """What was run, as Markdown for TensorBoard's Text tab: ``run/summary`` and
+    ``run/config`` (empty when the run recorded no run_started)."""
+    info = run_info(run)
+    if info.policy is None:
+        return {}
+    rows = {
+        "run": info.run_id,
+        "policy": info.policy_label,
+        "task": info.task,
+        "seed": info.seed,
+        "envs": info.envs,
+        "rounds": info.rounds,
+        "episode length": info.episode_length,
+        "hosts": ", ".join(info.family) or "one host",
+        "parent run": info.parent_run_id or "—",
+        "esper": info.esper_version,
+    }
+    table = "| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows.items())
+    commands = "".join(f"\n    {c}\n" for c in info.command_lines) or "\n(not recorded)\n"
+    texts = {"run/summary": f"{table}\ncommand line:\n{commands}"}
+    if info.config:
+        config = json.dumps(info.config, indent=2, sort_keys=True)
+        texts["run/config"] = "\n".join("    " + line for line in config.splitlines())
+    return texts
+
+
+def _tensorboard() -> tuple[Any, Any, Any, Any]:
+    """TensorBoard's writer, protos and text summary, or a one-line :class:`UserError`
+    saying what to install."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.text.summary_v2 import text_pb
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise UserError(INSTALL_HINT) from None
-    return EventFileWriter, Event, Summary
+    return EventFileWriter, Event, Summary, text_pb
 
 
 def _target(out_dir: Path, run: Run, force: bool) -> Path:
@@ -143,13 +177,16 @@ def export_tensorboard(run: Run, out_dir: str | Path, *, force: bool = False) ->
     The file is written in a temporary directory beside the target and moved into place,
     so an interrupted export leaves no half-written event file where TensorBoard looks.
     """
-    writer_cls, event_cls, summary_cls = _tensorboard()
+    writer_cls, event_cls, summary_cls, text_pb = _tensorboard()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = _target(out, run, force)
     scalars = run_scalars(run)
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{run.run_id}.") as tmp:
         writer = writer_cls(tmp)
+        start = min((s.wall_time for s in scalars), default=0.0)
+        for tag, text in run_texts(run).items():
+            writer.add_event(event_cls(wall_time=start, step=0, summary=text_pb(tag, text)))
         for s in scalars:
             value = summary_cls.Value(tag=s.tag, simple_value=s.value)
             writer.add_event(

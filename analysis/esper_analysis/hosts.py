@@ -5,20 +5,22 @@ member (``host``). Joined with the episode's ``seed_germinated`` events by (roun
 this shows which blueprint a policy grew in which slot, and when, on each member: what
 was learned, not only that the reward rose. Choices are given for the first and the
 last third of the rounds, so the change from the start of training shows too. Runs
-without a family (or written before schema 4) have one host, ``""``.
+without a family (or written before schema 4) have one host, named :data:`NO_FAMILY`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import polars as pl
 
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
 
+#: The host name of a run without a host family (its one host is ``[host]``).
+NO_FAMILY: Final = "(no family)"
 #: Phase labels of the first and the last third of the rounds.
 EARLY, LATE = "first third", "last third"
 
@@ -68,7 +70,11 @@ def _phase(first: int, rounds: int) -> tuple[pl.Expr, int]:
 def host_choices(run: Run) -> HostChoices:
     """Per member: episodes and outcomes (last third), and the germinations by slot,
     blueprint and phase, with their share of the member's episodes and mean step."""
-    episodes = run.scan("episode_finished").with_columns(pl.col("host").fill_null("")).collect()
+    episodes = (
+        run.scan("episode_finished")
+        .with_columns(pl.col("host").fill_null("").replace("", NO_FAMILY))
+        .collect()
+    )
     played = episodes["round"].unique().sort().to_list()
     first = played[0] if played else 0
     rounds = played[-1] + 1 - first if played else 0

@@ -42,6 +42,12 @@ COLUMNS: Final = {
 }
 
 
+#: A seed's contribution, in accuracy percentage points (the counterfactual's), and what
+#: a missing one means (``contribution_status``: JSON has null for both of the first two).
+CONTRIBUTION: Final = "contribution_pp"
+ALIVE, MEASURED, UNMEASURED = "alive", "measured", "ended unmeasured"
+
+
 def duration_column(stage: str) -> str:
     return f"epochs_{stage.lower()}"
 
@@ -64,7 +70,7 @@ class Lifecycles(AnalysisResult):
             "germinated_step",
             "ended_step",
             *(duration_column(s) for s in LIVE_STAGES),
-            "contribution",
+            CONTRIBUTION,
         )
     }
     TEXT_SKIP: ClassVar[frozenset[str]] = frozenset({"segments"})
@@ -129,12 +135,19 @@ def _seed_table(
         .with_columns(open_epochs)
         .with_columns(
             ended_step=pl.coalesce("fossil_step", "prune_step", "episode_end_step"),
-            contribution=pl.coalesce("fossil_contribution", "prune_contribution"),
+            contribution_pp=pl.coalesce("fossil_contribution", "prune_contribution"),
             final_stage=pl.when(pl.col("outcome") == "pruned")
             .then(pl.col("stage_at_prune"))
             .otherwise(current),
         )
-        .with_columns(lifetime_epochs=pl.col("ended_step") - pl.col("germinated_step"))
+        .with_columns(
+            lifetime_epochs=pl.col("ended_step") - pl.col("germinated_step"),
+            contribution_status=pl.when(pl.col("outcome") == "alive")
+            .then(pl.lit(ALIVE))
+            .when(pl.col(CONTRIBUTION).cast(pl.Float64).is_finite().fill_null(False))
+            .then(pl.lit(MEASURED))
+            .otherwise(pl.lit(UNMEASURED)),
+        )
         .select(SEED, *KEY, *SEED_COLUMNS)
         # seed_id last: every tie broken, so the table's row order is deterministic
         .sort("rank", "round", "env", "germinated_step", "slot", "seed_id", nulls_last=True)
@@ -151,7 +164,8 @@ SEED_COLUMNS: Final = (
     "lifetime_epochs",
     "episode_end_step",
     *(duration_column(s) for s in LIVE_STAGES),
-    "contribution",
+    CONTRIBUTION,
+    "contribution_status",
     "reason",
     "initiator",
     "params",
@@ -183,7 +197,7 @@ def _by_blueprint(seeds: pl.DataFrame) -> pl.DataFrame:
     """Per-blueprint counts, fossilize rate and means (a seed without a germination event
     has no blueprint: its group, if any, sorts last)."""
     outcome = pl.col("outcome")
-    finite = pl.col("contribution").cast(pl.Float64).is_finite().fill_null(False)
+    finite = pl.col(CONTRIBUTION).cast(pl.Float64).is_finite().fill_null(False)
     ended = outcome.is_in(["fossilized", "pruned"])
     fossilized, pruned = (outcome == "fossilized").sum(), (outcome == "pruned").sum()
     table = seeds.group_by("blueprint").agg(
@@ -192,8 +206,8 @@ def _by_blueprint(seeds: pl.DataFrame) -> pl.DataFrame:
         pruned=pruned,
         alive=(outcome == "alive").sum(),
         fossilize_rate=pl.when(fossilized + pruned > 0).then(fossilized / (fossilized + pruned)),
-        mean_contribution=pl.col("contribution").filter(ended & finite).mean(),
-        mean_contribution_fossilized=pl.col("contribution")
+        mean_contribution_pp=pl.col(CONTRIBUTION).filter(ended & finite).mean(),
+        mean_contribution_fossilized_pp=pl.col(CONTRIBUTION)
         .filter((outcome == "fossilized") & finite)
         .mean(),
         mean_lifetime_epochs=pl.col("lifetime_epochs").cast(pl.Float64).mean(),
@@ -209,8 +223,8 @@ _BY_BLUEPRINT_SCHEMA: Final = {
     "pruned": pl.UInt32,
     "alive": pl.UInt32,
     "fossilize_rate": pl.Float64,
-    "mean_contribution": pl.Float64,
-    "mean_contribution_fossilized": pl.Float64,
+    "mean_contribution_pp": pl.Float64,
+    "mean_contribution_fossilized_pp": pl.Float64,
     "mean_lifetime_epochs": pl.Float64,
 }
 

@@ -1,92 +1,75 @@
 """One self-contained HTML report of a run: plots as inline SVG, no scripts, no links.
 
 The file opens offline in any browser: styles are inline, plots are drawn by
-:mod:`esper_analysis.svg`, and nothing references the network or another file.
+:mod:`esper_analysis.svg`, and nothing references the network or another file. It
+opens with what was run (policy, task, seed, envs, rounds, host family, the command
+line, the version and the full resolved config), so the report alone says how to
+reproduce the run; a section that cannot apply to the run (PPO health of a baseline)
+is replaced by a line saying why.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import polars as pl
 
-from esper.core.records import REWARD_COMPONENTS
-from esper_analysis.actions import Actions, action_distribution
+from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import BaselineCheck, check_baseline
-from esper_analysis.compare import compare_section
+from esper_analysis.compare_report import X_AXES, compare_section, steps_per_round
 from esper_analysis.counts import Counts, event_counts
-from esper_analysis.lifecycles import TIMELINE_STAGES, Lifecycles, seed_lifecycles
+from esper_analysis.lifecycles import seed_lifecycles
 from esper_analysis.loader import Run
-from esper_analysis.ppo import PpoHealth, ppo_health
+from esper_analysis.ppo import ppo_health
+from esper_analysis.report_charts import (
+    XAxis,
+    actions_chart,
+    learning_curve,
+    ppo_charts,
+    reward_components,
+    round_span,
+    seed_timeline,
+    throughput_chart,
+)
 from esper_analysis.rewards import RewardBreakdown, reward_breakdown
 from esper_analysis.rollbacks import RollbackAudit, rollback_audit
-from esper_analysis.svg import (
-    Marker,
-    Segment,
-    Series,
-    bar_chart,
-    color,
-    empty_plot,
-    line_chart,
-    stacked_bars,
-    timeline,
-)
+from esper_analysis.run_info import RunInfo, run_info
 from esper_analysis.tables import format_value, html_table, legends
 from esper_analysis.throughput import Throughput, throughput
+
+__all__ = ["REPORT_NAME", "X_AXES", "build_report", "round_span", "write_report"]
 
 #: File name of a run's report inside its directory (`esper train --report`, and
 #: `esper analyze report` without -o).
 REPORT_NAME: Final = "report.html"
-#: The lifecycle timeline shows the seeds of at most this many (most recent) rounds.
-TIMELINE_ROUNDS: Final = 6
-#: Rounds are grouped into at most this many columns in the action chart.
-ACTION_BINS: Final = 60
-#: Said under the component charts: the name is the CLI's and TensorBoard's, and a
-#: negative bonus otherwise reads like a sign bug.
-COMPONENT_NOTE: Final = (
-    "fossilize_bonus is positive when the fossilized seed helps and negative when it "
-    "hurts (or adds nothing); each chart has its own scale."
-)
-#: Small multiples of the reward components: charts per row and their size.
-SMALL_W: Final = 272
-SMALL_H: Final = 150
-_POINTS: Final = re.compile(r'data-points="(\d+)"')
-#: Event types whose ``round`` says which rounds a run reached (a crashed run's last
-#: round has step events but no ``round_finished``).
-_ROUND_SOURCES: Final = ("round_started", "round_finished", "env_step", "episode_finished")
 
 _CSS: Final = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222}
 body{max-width:1200px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-.meta{color:#555;font-size:13px} .row{display:flex;flex-wrap:wrap;gap:12px}
+.meta{color:#555;font-size:13px} .row{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 .plot{background:#fff;border:1px solid #e3e3e3;border-radius:4px}
 .plot .title{font-size:13px;font-weight:600;fill:#222} .plot .tick{font-size:10px;fill:#555}
 .plot .label{font-size:11px;fill:#333} .plot .legend{font-size:10px;fill:#333}
 .plot .grid{stroke:#eee;stroke-width:1} .plot .area{fill:none;stroke:#bbb}
 .plot .series{stroke-width:1.8} .plot .empty{font-size:12px;fill:#888}
+.plot .note{font-size:10px;fill:#8a5300}
 table{border-collapse:collapse;font-size:12px;margin:6px 0}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:right} th{background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}
+table.what td{text-align:left} table.what th{text-align:left;font-weight:600}
 .ok{color:#07620e;font-weight:600} .bad{color:#a40000;font-weight:600}
 .warn{background:#fff4d6;border:1px solid #e6c35c;padding:8px 12px;border-radius:4px}
 .note,.none{color:#777;font-size:12px} .block{overflow-x:auto}
+.row>p.note{flex-basis:100%} details.page{flex-basis:100%} summary{cursor:pointer;font-size:12px}
+pre.config{font-size:11px;background:#f8f8f8;border:1px solid #e3e3e3;padding:8px;overflow-x:auto}
+code.cmd{font-size:12px;background:#f4f4f4;padding:2px 4px;word-break:break-all}
 """
-
-
-def round_span(run: Run) -> tuple[float, float] | None:
-    """First and last round any event reached: the shared x axis of the per-round charts."""
-    frames = [run.scan(t).select(pl.col("round")) for t in _ROUND_SOURCES if run.rows_on_disk(t)]
-    if not frames:
-        return None
-    rounds = pl.concat(frames).select("round")
-    lo, hi = rounds.select(lo=pl.col("round").min(), hi=pl.col("round").max()).collect().row(0)
-    return None if lo is None else (float(lo), float(hi))
 
 
 def _zero_not_negative(frame: pl.DataFrame) -> pl.DataFrame:
@@ -104,215 +87,6 @@ def _table(frame: pl.DataFrame, **kwargs: Any) -> str:
 def _legends(frame: pl.DataFrame) -> str:
     """What the table's missing values mean (the terminal tables' legends)."""
     return "".join(f"<p class='note'>{html.escape(text)}</p>" for text in legends(frame))
-
-
-def _learning_curve(run: Run, span: tuple[float, float] | None) -> str:
-    frame = run.scan("round_finished").select(
-        "round", reward="mean_episode_reward", accuracy="mean_final_accuracy"
-    )
-    if not run.rows_on_disk("round_finished"):
-        frame = (
-            run.scan("episode_finished")
-            .group_by("round")
-            .agg(reward=pl.col("episode_reward").mean(), accuracy=pl.col("final_val_acc").mean())
-        )
-    df = frame.sort("round").collect()
-    rounds = df["round"].to_list()
-    return line_chart(
-        "learning-reward",
-        "Mean episode reward per round",
-        [Series("reward", rounds, df["reward"].to_list())],
-        x_label="round",
-        y_label="reward",
-        x_range=span,
-    ) + line_chart(
-        "learning-accuracy",
-        "Mean final accuracy per round",
-        [Series("accuracy", rounds, df["accuracy"].to_list(), color="#009E73")],
-        x_label="round",
-        y_label="accuracy (%)",
-        x_range=span,
-    )
-
-
-def _reward_components(rewards: RewardBreakdown, span: tuple[float, float] | None) -> str:
-    """One small chart per active component (own y scale), then the total.
-
-    Ten lines on one axis overlap near zero and cannot be told apart; small multiples
-    with a shared round axis can.
-    """
-    df = rewards.by_round
-    if df.height == 0:
-        return empty_plot(
-            "reward-components",
-            "Reward components per round",
-            "no reward_computed events (telemetry level below normal)",
-        )
-    rounds = df["round"].to_list()
-    active = [c for c in REWARD_COMPONENTS if df[c].abs().sum() > 0]
-    charts = [
-        line_chart(
-            f"reward-{c}",
-            c,
-            [Series(c, rounds, df[c].to_list(), color=color(i))],
-            x_label="round",
-            y_label="mean per step",
-            width=SMALL_W,
-            height=SMALL_H,
-            x_range=span,
-        )
-        for i, c in enumerate(active)
-    ]
-    total = line_chart(
-        "reward-total",
-        "total",
-        [Series("total", rounds, df["total"].to_list(), color="#000000")],
-        x_label="round",
-        y_label="mean per step",
-        width=SMALL_W,
-        height=SMALL_H,
-        x_range=span,
-    )
-    points = sum(int(v) for v in _POINTS.findall("".join([*charts, total])))
-    body = "".join([*charts, total])
-    note = (
-        f"<p class='note'>{html.escape(COMPONENT_NOTE)}</p>" if "fossilize_bonus" in active else ""
-    )
-    return (
-        f'<div class="row" data-plot="reward-components" data-points="{points}">{body}</div>' + note
-    )
-
-
-def _episode_length(run: Run, segments: pl.DataFrame) -> int:
-    if run.rows_on_disk("run_started"):
-        value = run.scan("run_started").select("episode_length").collect().item(0, 0)
-        if isinstance(value, int) and value > 0:
-            return value
-    last = segments["end_step"].max()
-    return max(last if isinstance(last, int) else 0, 0) + 1  # >= 1: it divides
-
-
-def _timeline(run: Run, lc: Lifecycles) -> str:
-    seg = lc.segments
-    if seg.height == 0:
-        return empty_plot("seed-timeline", "Seed lifecycles", "no seeds germinated")
-    rounds = sorted(seg["round"].unique().to_list())[-TIMELINE_ROUNDS:]
-    seg = seg.filter(pl.col("round").is_in(rounds))
-    length = _episode_length(run, seg)
-    lanes_df = seg.select("rank", "env", "slot").unique().sort("rank", "env", "slot")
-    multi_rank = lanes_df["rank"].n_unique() > 1
-    lanes = [
-        (f"r{r} " if multi_rank else "") + f"env {e} / {s}" for r, e, s in lanes_df.iter_rows()
-    ]
-    lane_of = {key: i for i, key in enumerate(lanes_df.iter_rows())}
-    # A step occupies [step, step + 1): a piece that lasts to the episode's last step
-    # (a fossilized seed, or one alive at the end) covers that step too, so a seed
-    # fossilized late is not a sliver.
-    segments = [
-        Segment(lane_of[(r, e, s)], rnd + a / length, rnd + _piece_end(a, b, length), stage)
-        for r, e, s, rnd, stage, a, b in seg.select(
-            "rank", "env", "slot", "round", "stage", "start_step", "end_step"
-        ).iter_rows()
-    ]
-    pruned = lc.seeds.filter(
-        (pl.col("outcome") == "pruned") & pl.col("round").is_in(rounds)
-    ).select("rank", "env", "slot", "round", "ended_step")
-    markers = [
-        Marker(lane_of[(r, e, s)], rnd + step / length, "pruned")
-        for r, e, s, rnd, step in pruned.iter_rows()
-        if (r, e, s) in lane_of and step is not None
-    ]
-    title = f"Seed lifecycle per env and slot (rounds {rounds[0]}–{rounds[-1]})"
-    return timeline(
-        "seed-timeline",
-        title,
-        lanes,
-        segments,
-        list(TIMELINE_STAGES),
-        x_label="round (+ step)",
-        markers=markers,
-    )
-
-
-def _piece_end(start: int, end: int, length: int) -> float:
-    """End of a timeline piece as a fraction of the round (the last step included)."""
-    return min(end + 1, length) / length if end >= length - 1 else max(end, start) / length
-
-
-def _binned_ops(actions: Actions) -> tuple[list[float], dict[str, list[float]]]:
-    df = actions.by_round
-    rounds = sorted(df["round"].unique().to_list())
-    width = max(1, -(-len(rounds) // ACTION_BINS))
-    binned = (
-        df.with_columns(bin=(pl.col("round") // width) * width)
-        .group_by("bin", "op")
-        .agg(pl.col("actions").sum())
-        .with_columns(share=pl.col("actions") / pl.col("actions").sum().over("bin"))
-        .pivot(on="op", index="bin", values="share")
-        .fill_null(0.0)
-        .sort("bin")
-    )
-    ops = [c for c in actions.by_op["op"].to_list() if c in binned.columns]
-    return binned["bin"].cast(pl.Float64).to_list(), {op: binned[op].to_list() for op in ops}
-
-
-def _actions(actions: Actions, span: tuple[float, float] | None) -> str:
-    if actions.actions == 0:
-        return empty_plot("actions", "Action distribution", "no action_taken events")
-    xs, stacks = _binned_ops(actions)
-    return bar_chart(
-        "action-totals",
-        "Ops chosen (whole run)",
-        actions.by_op["op"].to_list(),
-        actions.by_op["actions"].to_list(),
-        y_label="actions",
-    ) + stacked_bars(
-        "action-rounds",
-        "Op share per round",
-        xs,
-        stacks,
-        x_label="round",
-        y_label="share",
-        x_range=span,
-    )
-
-
-def _ppo(ppo: PpoHealth, span: tuple[float, float] | None) -> str:
-    df = ppo.updates
-    rounds = df["round"].to_list()
-
-    def s(name: str, col: str) -> Series:
-        return Series(name, rounds, df[col].to_list())
-
-    return line_chart(
-        "ppo-entropy",
-        "PPO entropy and explained variance",
-        [s("entropy", "entropy"), s("explained variance", "explained_variance")],
-        x_label="round",
-        y_label="value",
-        x_range=span,
-    ) + line_chart(
-        "ppo-kl",
-        "PPO approx KL and clip fraction",
-        [s("approx KL", "approx_kl"), s("clip fraction", "clip_frac")],
-        x_label="round",
-        y_label="value",
-        x_range=span,
-    )
-
-
-def _throughput(tp: Throughput, span: tuple[float, float] | None) -> str:
-    df = tp.rounds
-    if df.height == 0:
-        return empty_plot("throughput", "Throughput", "no round data")
-    return line_chart(
-        "throughput",
-        "Env-steps per second per round",
-        [Series("EPS", df["round"].to_list(), df["eps"].to_list())],
-        x_label="round",
-        y_label="env-steps / s",
-        x_range=span,
-    )
 
 
 def _header(run: Run, counts: Counts, tp: Throughput) -> str:
@@ -338,6 +112,66 @@ def _header(run: Run, counts: Counts, tp: Throughput) -> str:
             + "</div>"
         )
     return out
+
+
+def _what_was_run(run: Run, info: RunInfo, rounds_done: int) -> str:
+    """Policy, task, seed, envs, rounds, hosts, versions, command line and config."""
+    if info.policy is None:
+        return (
+            "<p class='none'>This run recorded no run_started event: what was run is unknown.</p>"
+        )
+    envs = f"{info.envs}"
+    if info.world_size > 1:
+        envs += f" ({info.n_envs} per rank × {info.world_size} ranks)"
+    reward = info.config.get("reward", {}).get("family") if info.config else None
+    rows: dict[str, str] = {
+        "policy": str(info.policy_label)
+        + (f", frozen from {info.eval_checkpoint}" if info.is_eval else ""),
+        "task": str(info.task),
+        "seed": str(info.seed),
+        "envs": envs,
+        "rounds": f"{rounds_done} of {info.rounds}",
+        "episode length": f"{info.episode_length} steps (host epochs)",
+        "hosts": f"family of {len(info.family)}: {', '.join(info.family)}"
+        if info.family
+        else "one host ([host] of the config)",
+        "reward family": str(reward or "—"),
+        "device": f"{info.device}, telemetry level {info.telemetry_level}",
+        "esper": f"{info.esper_version} (torch {info.torch_version}, python {info.python_version})",
+    }
+    if info.parent_run_id:
+        rows["resumed"] = f"from run {info.parent_run_id} at round {info.resumed_from_round}"
+    cells = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows.items())
+    commands = (
+        "".join(
+            f"<p class='meta'>command line: <code class='cmd'>{html.escape(c)}</code></p>"
+            for c in info.command_lines
+        )
+        or "<p class='note'>command line: not recorded (a run written before esper recorded it)</p>"
+    )
+    config = ""
+    if info.config:
+        text = html.escape(json.dumps(info.config, indent=2, sort_keys=True))
+        config = (
+            "<details><summary>Full resolved config (JSON: saved as run.json, "
+            "<code>esper train --config run.json</code> runs it again)</summary>"
+            f"<pre class='config'>{text}</pre></details>"
+        )
+    return f"<table class='what'>{cells}</table>{commands}{config}"
+
+
+def _omitted(title: str, why: str) -> str:
+    """A section that cannot apply to this run: its title and the reason."""
+    return _section(title, f"<p class='none'>Not applicable: {html.escape(why)}.</p>")
+
+
+def _not_learning(info: RunInfo) -> str | None:
+    """Why the run has no PPO updates (None: it learns, or is unknown)."""
+    if info.policy is None or info.learns:
+        return None
+    if info.is_eval:
+        return "an evaluation of a frozen policy makes no PPO updates"
+    return f"the {info.policy} policy does not learn, so there are no PPO updates"
 
 
 def _rollbacks(audit: RollbackAudit) -> str:
@@ -401,11 +235,12 @@ def _section(title: str, body: str, *, plots: bool = False) -> str:
     return f"<section><h2>{html.escape(title)}</h2><div class='{klass}'>{body}</div></section>"
 
 
-def _compare(run: Run, others: Sequence[Run]) -> str:
-    """Curves of this run and ``others`` overlaid, paired differences (esper_analysis.compare)."""
+def _compare(run: Run, others: Sequence[Run], by: str | None, unpaired: bool, x_axis: str) -> str:
+    """Curves of this run and ``others`` overlaid, differences (esper_analysis.compare)."""
     if not others:
         return ""
-    return _section("Compared runs", compare_section([run, *others]), plots=True)
+    body = compare_section([run, *others], by=by, unpaired=unpaired, x_axis=x_axis)
+    return _section("Compared runs", body, plots=True)
 
 
 def build_report(
@@ -414,25 +249,48 @@ def build_report(
     baseline: dict[str, Any] | None = None,
     baseline_source: str = "",
     compare_with: Sequence[Run] = (),
+    compare_by: str | None = None,
+    unpaired: bool = False,
+    x_axis: str = "round",
 ) -> str:
-    """The report's HTML text (every analysis of the run, plus the baseline check)."""
+    """The report's HTML text (every analysis of the run, plus the baseline check).
+
+    ``compare_with``: runs overlaid and compared with this one, pair by pair, or, with
+    ``compare_by`` (``policy``, ``task``, ``dir`` or a config key), as groups of seeds;
+    ``unpaired``: allow runs that cannot be paired (Welch). ``x_axis``: ``round`` or
+    ``env-steps`` for the per-round charts.
+    """
+    if x_axis not in X_AXES:
+        raise ValueError(f"x_axis must be one of {X_AXES}, got {x_axis!r}")
+    info = run_info(run)
     counts = event_counts(run)
     rewards = reward_breakdown(run)
     lc = seed_lifecycles(run)
-    actions = action_distribution(run)
     tp = throughput(run)
     check = check_baseline(run, baseline, counts) if baseline is not None else None
     span = round_span(run)  # one round axis for every per-round chart
+    axis = XAxis(x_axis, steps_per_round(run), span)
+    no_ppo = _not_learning(info)
+    no_seeds = "the static policy never germinates a seed" if info.policy == "static" else None
     body = [
         _header(run, counts, tp),
-        _section("Learning curve", _learning_curve(run, span), plots=True),
-        _compare(run, compare_with),
-        _section("Reward components over time", _reward_components(rewards, span), plots=True),
-        _section("Seed lifecycles", _timeline(run, lc), plots=True),
-        _section("Per-blueprint outcomes", _table(lc.by_blueprint) + _legends(lc.by_blueprint)),
-        _section("Action distribution", _actions(actions, span), plots=True),
-        _section("PPO health", _ppo(ppo_health(run), span), plots=True),
-        _section("Throughput", _throughput(tp, span), plots=True),
+        _section("What was run", _what_was_run(run, info, tp.rounds.height)),
+        _section("Learning curve", learning_curve(run, axis), plots=True),
+        _compare(run, compare_with, compare_by, unpaired, x_axis),
+        _section("Reward components over time", reward_components(rewards, axis), plots=True),
+        _omitted("Seed lifecycles", no_seeds)
+        if no_seeds
+        else _section("Seed lifecycles", seed_timeline(run, lc, span), plots=True),
+        ""
+        if no_seeds
+        else _section(
+            "Per-blueprint outcomes", _table(lc.by_blueprint) + _legends(lc.by_blueprint)
+        ),
+        _section("Action distribution", actions_chart(action_distribution(run), span), plots=True),
+        _omitted("PPO health", no_ppo)
+        if no_ppo
+        else _section("PPO health", ppo_charts(ppo_health(run), axis), plots=True),
+        _section("Throughput", throughput_chart(tp, axis), plots=True),
         _section("Rollbacks", _rollbacks(rollback_audit(run))),
         _section("Reward sum check", _reward_check(rewards)),
         _section("Event counts", _table(counts.by_type, max_rows=100)),
@@ -442,7 +300,7 @@ def build_report(
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{title}</title><style>{_CSS}</style></head><body>"
-        + "\n".join(body)
+        + "\n".join(b for b in body if b)
         + "</body></html>\n"
     )
 
@@ -454,12 +312,21 @@ def write_report(
     baseline: dict[str, Any] | None = None,
     baseline_source: str = "",
     compare_with: Sequence[Run] = (),
+    compare_by: str | None = None,
+    unpaired: bool = False,
+    x_axis: str = "round",
 ) -> Path:
-    """Write the report atomically; returns its path."""
+    """Write the report atomically (options: :func:`build_report`); returns its path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = build_report(
-        run, baseline=baseline, baseline_source=baseline_source, compare_with=compare_with
+        run,
+        baseline=baseline,
+        baseline_source=baseline_source,
+        compare_with=compare_with,
+        compare_by=compare_by,
+        unpaired=unpaired,
+        x_axis=x_axis,
     )
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

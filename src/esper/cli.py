@@ -23,6 +23,7 @@ from esper.commands import (
     import_command_module,
 )
 from esper.errors import EsperError, UserError
+from esper.suggest import did_you_mean, parse_args_suggesting
 
 PROG: Final = "esper"
 EXIT_INTERRUPTED: Final = 130
@@ -65,7 +66,14 @@ def _run_analyze(argv: list[str]) -> int:
 def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == ANALYZE.name:
         return _run_analyze(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    names = [spec.name for spec in COMMANDS] + [ANALYZE.name]
+    if argv and not argv[0].startswith("-") and argv[0] not in names:
+        parser.error(
+            f"unknown command {argv[0]!r} (choose from {', '.join(names)})"
+            + did_you_mean(argv[0], names)
+        )
+    args = parse_args_suggesting(parser, argv)
     return int(args.func(args))
 
 

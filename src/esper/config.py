@@ -46,6 +46,7 @@ from esper.core.enums import (
     TelemetryLevel,
 )
 from esper.errors import ConfigError
+from esper.suggest import did_you_mean
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -399,6 +400,30 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
 _BAD_CHOICE = re.compile(
     r"Invalid enum value '(?P<value>[^']*)' - at (`key` in )?`\$\.(?P<path>[\w.]+)`"
 )
+_UNKNOWN_KEY = re.compile(
+    r"Object contains unknown field `(?P<key>[^`]*)`( - at `\$\.(?P<path>[\w.]+)`)?"
+)
+
+
+def _field_type(path: str) -> Any:
+    """The annotated type at a dotted path of :class:`Config` (None: no such key)."""
+    node: Any = Config
+    for name in path.split(".") if path else []:
+        fields = typing.get_type_hints(node) if _is_section(node) else {}
+        if name not in fields:
+            return None
+        node = fields[name]
+    return node
+
+
+def _is_section(node: Any) -> bool:
+    return isinstance(node, type) and issubclass(node, msgspec.Struct)
+
+
+def keys_at(path: str) -> list[str]:
+    """The keys a config section accepts (``""``: the top-level sections)."""
+    node = _field_type(path)
+    return list(typing.get_type_hints(node)) if _is_section(node) else []
 
 
 def _choices_at(path: str) -> list[str]:
@@ -429,6 +454,9 @@ def _choices_of(node: Any) -> list[str]:
 def _convert_error(exc: msgspec.ValidationError, source: str) -> ConfigError:
     """msgspec's message, plus the valid values and the nearest for a bad choice."""
     text = str(exc)
+    unknown = _UNKNOWN_KEY.search(text)
+    if unknown:
+        text += did_you_mean(unknown["key"], keys_at(unknown["path"] or ""))
     bad = _BAD_CHOICE.search(text)
     valid = _choices_at(bad["path"]) if bad else []
     if bad and valid:
@@ -472,14 +500,55 @@ def load_config(path: str | Path) -> Config:
 
 
 def with_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
-    """Apply dotted-path overrides (``{"run.n_envs": 4}``) with the same strict checks."""
+    """Apply dotted-path overrides (``{"run.n_envs": 4}``) with the same strict checks.
+
+    A path through a mapping (``policy.op_prior.prune``) sets one of its entries; an
+    unknown key is an error naming it and the nearest valid one.
+    """
     data = msgspec.to_builtins(cfg)
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node[part]
-        if leaf not in node:
-            raise ConfigError(f"$.{dotted}: unknown key")
+        for depth, part in enumerate(parents):
+            child = node.get(part) if isinstance(node, dict) else None
+            if part in node and not isinstance(child, dict):
+                path = ".".join(parents[: depth + 1])
+                raise ConfigError(f"$.{dotted}: {path} is a value, not a section")
+            if not isinstance(child, dict):
+                raise _unknown_key(".".join(parents[:depth]), part, dotted)
+            node = child
+        section = ".".join(parents)
+        if leaf not in node and _is_section(_field_type(section)):
+            raise _unknown_key(section, leaf, dotted)
         node[leaf] = value
     return config_from_dict(data, source="overrides")
+
+
+def _unknown_key(section: str, key: str, dotted: str) -> ConfigError:
+    keys = keys_at(section)
+    where = f"[{section}]" if section else "the config's sections"
+    return ConfigError(
+        f"$.{dotted}: unknown key {key!r} in {where}{did_you_mean(key, keys)}"
+        + (f"; valid: {', '.join(keys)}" if keys and len(keys) <= MAX_LISTED_KEYS else "")
+    )
+
+
+#: An unknown key's error lists the valid ones when there are at most this many.
+MAX_LISTED_KEYS = 12
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: VALUE is a TOML value (``1e-3``, ``true``, ``[2, 4]``,
+    ``{ prune = -3.0 }``, ``"text"``); a bare word is a string, ``none`` clears an
+    optional key. Types are checked when the override is applied, like the TOML's."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key or not raw:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE (e.g. ppo.lr=1e-3)")
+    if raw.lower() in ("none", "null"):
+        return key, None
+    try:
+        value = msgspec.toml.decode(f"value = {raw}".encode())["value"]
+    except msgspec.DecodeError:
+        return key, raw  # a bare word (digits, cuda:0): the string itself
+    return key, value

@@ -103,9 +103,16 @@ def test_seed_lifecycles_and_blueprint_rates(scripted_run: Path) -> None:
     bp = {r["blueprint"]: r for r in lc.by_blueprint.to_dicts()}
     assert (bp["conv_small"]["germinated"], bp["conv_small"]["fossilized"]) == (2, 1)
     assert bp["conv_small"]["fossilize_rate"] == 1.0
-    assert bp["conv_small"]["mean_contribution"] == CONTRIBUTION["seed-a"]
+    assert bp["conv_small"]["mean_contribution_pp"] == CONTRIBUTION["seed-a"]
     assert (bp["norm"]["pruned"], bp["norm"]["alive"], bp["norm"]["fossilize_rate"]) == (1, 1, 0.0)
-    assert bp["norm"]["mean_contribution"] == CONTRIBUTION["seed-b"]
+    assert bp["norm"]["mean_contribution_pp"] == CONTRIBUTION["seed-b"]
+    status = {s: seeds[s]["contribution_status"] for s in seeds}  # JSON's null is ambiguous
+    assert status == {
+        "seed-a": "measured",
+        "seed-b": "measured",
+        "seed-c": "alive",
+        "seed-d": "alive",
+    }
     seg = lc.segments.filter(seed_id="seed-a")
     assert seg["stage"].to_list() == ["GERMINATED", "TRAINING", "BLENDING", "HOLDING", "FOSSILIZED"]
     assert seg["start_step"].to_list() == [0, 1, 2, 4, 5]

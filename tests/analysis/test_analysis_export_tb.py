@@ -97,3 +97,40 @@ def test_runs_and_export_never_import_torch(scripted: tuple[Path, Script], tmp_p
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "TORCH:"
+
+
+def test_the_config_and_what_was_run_go_along_as_text(tmp_path: Path) -> None:
+    """Issue 49: the event files alone did not say what they measured."""
+    import json
+
+    import msgspec
+    from _analysis_support import run_started
+
+    from esper.config import Config
+    from esper.core.enums import RunStatus, TelemetryLevel
+    from esper.telemetry import events as ev
+    from esper.telemetry.hub import open_run
+
+    hub = open_run(tmp_path / "runs", "cfg-run", level=TelemetryLevel.NORMAL)
+    argv = json.dumps(["/bin/esper", "train", "--seed", "7"])
+    hub.emit(msgspec.structs.replace(run_started(), config_json=Config().to_json(), argv=argv))
+    hub.emit(
+        ev.RoundFinished(
+            round=0, wall_s=1.0, eps=1.0, mean_episode_reward=0.0, mean_final_accuracy=50.0,
+            rollbacks=0, train_ms=0.0, val_ms=0.0, policy_ms=0.0, action_ms=0.0, ppo_ms=0.0,
+        )
+    )  # fmt: skip
+    hub.close(RunStatus.FINISHED)
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(tmp_path / "runs" / "cfg-run"), "-o", str(out)]) == 0
+    acc = EventAccumulator(str(out / "cfg-run"))
+    acc.Reload()
+    texts = {
+        tag: acc.Tensors(tag)[0].tensor_proto.string_val[0].decode()
+        for tag in acc.Tags()["tensors"]
+    }
+    assert set(texts) == {"run/summary", "run/config"}
+    assert "| seed | 7 |" in texts["run/summary"] and "esper train --seed 7" in texts["run/summary"]
+    config = json.loads("\n".join(line[4:] for line in texts["run/config"].splitlines()))
+    assert config == json.loads(Config().to_json())
+    assert "round/mean_final_accuracy" in acc.Tags()["scalars"]

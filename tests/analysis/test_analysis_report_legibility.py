@@ -44,6 +44,10 @@ for (const svg of document.querySelectorAll('svg.plot')) {
     }
     if (r.left < box.left) out.push(['cut', svg.dataset.plot, tick.textContent]);
   }
+  for (const note of svg.querySelectorAll('text.note')) {
+    const r = note.getBoundingClientRect();
+    if (r.right > box.right || r.left < box.left) out.push(['note cut', svg.dataset.plot]);
+  }
   for (const name of svg.querySelectorAll('text.legend')) {
     const r = name.getBoundingClientRect();
     if (r.right > box.right || r.bottom > box.bottom) {
@@ -74,6 +78,12 @@ def _charts() -> str:
         )
         for k, v in TRICKY.items()
     ]
+    flat = [0.002418, 0.002428, 0.002421]  # a nearly constant component: a note says so
+    charts += [
+        line_chart(f"flat-{z}", "terminal", [Series("t", [0, 1, 2], flat)], x_label="round",
+                   y_label="mean per step", width=272, height=150, zero_based=z)
+        for z in (True, False)
+    ]  # fmt: skip
     two = [Series(n, [0, 1, 2], [0.1 * i, 0.2, 0.3]) for i, n in enumerate(LONG_NAMES)]
     charts.append(line_chart("long-legend", "t", two, x_label="round", y_label="reward"))
     ops = {n: [0.5, 0.5, 0.5] for n in ("WAIT", "SET_ALPHA_TARGET", "FOSSILIZE")}
@@ -124,10 +134,10 @@ def test_a_constant_series_is_drawn_on_an_axis_around_its_value() -> None:
 
 
 def test_long_run_names_go_in_rows_under_the_plot() -> None:
-    two = [Series(n, [0, 1], [0.0, 1.0]) for n in LONG_NAMES]
+    two = [Series(n, [0, 1], [0.0, 1.0 + i]) for i, n in enumerate(LONG_NAMES)]
     svg = line_chart("l", "t", two, x_label="round", y_label="reward")
     names = re.findall(r'<text class="legend" x="([\d.]+)" y="([\d.]+)">([^<]*)<', svg)
-    assert [n for _, _, n in names] == list(LONG_NAMES)
+    assert [n for _, _, n in names] == list(reversed(LONG_NAMES))  # by last value
     height = float(re.search(r'height="(\d+)"', svg).group(1))  # type: ignore[union-attr]
     assert all(float(y) < height for _, y, _ in names)
     # Whole within the chart's width (at a generous 7 px per character).
@@ -161,7 +171,7 @@ def test_report_tables_carry_the_legend_of_their_missing_values(scripted_run: Pa
     by_blueprint = seed_lifecycles(run).by_blueprint
     text = build_report(run)
     shown = []
-    for column in ("mean_contribution", "mean_contribution_fossilized"):
+    for column in ("mean_contribution_pp", "mean_contribution_fossilized_pp"):
         missing = bool(by_blueprint[column].null_count() or by_blueprint[column].is_nan().any())
         assert (COLUMN_LEGENDS[column] in text) == missing, column
         shown.append(missing)

@@ -16,15 +16,16 @@ from _analysis_support import LENGTH, N_ENVS, Script, _step_events, scripted_eve
 from esper_analysis.cli import main
 from esper_analysis.loader import load_run
 from esper_analysis.report import (
-    COMPONENT_NOTE,
     _reward_check,
     _rollbacks,
     _table,
     build_report,
 )
+from esper_analysis.report_charts import COMPONENT_NOTE
 from esper_analysis.rewards import reward_breakdown
 from esper_analysis.rollbacks import rollback_audit
-from esper_analysis.svg import MARKER_COLOR, bar_chart, stacked_bars
+from esper_analysis.svg import bar_chart, stacked_bars
+from esper_analysis.svg_timeline import MARKER_COLOR
 from test_analysis_report import CHROMIUM, _chromium, _hex_rgb
 
 from esper.core.enums import RunStatus, TelemetryLevel
@@ -76,7 +77,9 @@ def test_report_marks_prunes_and_draws_components_apart(scripted_run: Path) -> N
     plots = _plots(text)
     assert re.findall(r'data-marker="([^"]+)"', plots["seed-timeline"]) == ["pruned"]
     # seed A fossilized at the last step: its fossilized piece covers that step
-    fossil = re.search(r'data-stage="FOSSILIZED" x="[\d.]+" y="\d+" width="([\d.]+)"', text)
+    fossil = re.search(
+        r'data-stage="FOSSILIZED" data-round="\d+" x="[\d.]+" y="\d+" width="([\d.]+)"', text
+    )
     assert fossil and float(fossil.group(1)) > 20
     components = [p for p in plots if p.startswith("reward-")]
     assert "reward-total" in components and len(components) >= 5

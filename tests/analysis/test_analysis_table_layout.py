@@ -8,13 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _analysis_support import Script
+from _analysis_tables import header_names, parts
 from conftest import copy_run
 from esper_analysis.baseline import capture_baseline
 from esper_analysis.cli import ANALYSES, main
@@ -26,7 +26,6 @@ from test_analysis_compare import _run as compare_run
 from esper.cli import main as esper_main
 
 WIDTH = 80
-_PART = re.compile(r"^(?P<title>.+?) \((?P<n>\d+)/(?P<of>\d+)\)\s*$")
 LONG_IDS = ("digits-ppo-s0-20251127-171538", "digits-eager-s0-20251127-171538")
 
 
@@ -39,24 +38,6 @@ def _cli(*argv: str) -> str:
 
 def _widest(text: str) -> int:
     return max(cell_len(line) for line in text.splitlines())
-
-
-def parts(text: str) -> dict[str, list[list[str]]]:
-    """Every split table's parts: title -> the column names of each part, in order."""
-    found: dict[str, list[list[str]]] = {}
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _PART.match(line)
-        if m is None:
-            continue
-        start = i  # a title wider than its table wraps: its lines up to a blank one
-        while start > 0 and lines[start - 1].strip() and not lines[start - 1].startswith("└"):
-            start -= 1
-        title = " ".join(ln.strip() for ln in [*lines[start:i], m["title"]])
-        header = next(ln for ln in lines[i + 1 :] if ln.startswith("┃"))
-        names = [c.strip() for c in header.strip("┃").split("┃")]
-        found.setdefault(title, []).append(names)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +83,12 @@ def test_every_analysis_fits_columns_in_a_pipe_and_repeats_its_keys(
         split.update(parts(text))
     seeds = split["Seeds (germination to end)"]
     assert len(seeds) > 1
-    assert all(p[:4] == ["round", "env", "slot", "seed_id"] for p in seeds), seeds
+    # (round, env) tells the scripted seeds apart: only those keys repeat in every part
+    assert all(p[:2] == ["round", "env"] and "slot" not in p[2:3] for p in seeds[1:]), seeds
     runs = split["Runs (late = last third of each run's rounds)"]
     assert len(runs) > 1 and all(p[0] == "run" for p in runs), runs
     for title, columns in split.items():
-        for group in (("expected", "got"), ("mean_diff", "std_err")):
+        for group in (("expected", "got"), ("mean_diff", "ci_low", "ci_high", "std_err")):
             holding = [p for p in columns if set(group) & set(p)]
             assert all(set(group) <= set(p) for p in holding), (title, columns)
     counted = split["Event counts against the baseline"]
@@ -114,13 +96,44 @@ def test_every_analysis_fits_columns_in_a_pipe_and_repeats_its_keys(
     assert any({"expected", "got", "delta", "status"} <= set(p) for p in counted), counted
 
 
-def test_paired_differences_repeat_run_and_metric(
+def test_paired_differences_say_constant_columns_once(
     long_named: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", str(WIDTH))  # long run ids: the paired table splits
+    """One other run and one pairing: said once under the title (issue 49), so the
+    differences fit 80 columns in one table, rounds_ahead beside rounds."""
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
     text = _cli("compare", *map(str, long_named))
-    paired = parts(text)["Paired differences against the reference, by (round, env)"]
-    assert len(paired) > 1 and all(p[:2] == ["run", "metric"] for p in paired), paired
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("Each run minus the reference"))
+    said = " ".join(lines[at : at + 2])
+    assert f"run {LONG_IDS[1]}" in said and "pairing paired by (round, env)" in said
+    names = header_names(lines, at)
+    assert names[0] == "metric" and "run" not in names and "pairing" not in names
+    assert {"mean_diff", "ci_low", "ci_high", "std_err", "rounds_ahead", "rounds"} <= set(names)
+
+
+def test_lifecycles_at_80_columns_repeat_only_the_keys_that_tell_rows_apart(
+    scripted: tuple[Path, Script], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 parts for the scripted seeds table, not 5 (issue 49: up to 8 parts of 1-2 value
+    columns, each repeating round, env, slot, seed_id and blueprint)."""
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    seeds = parts(_cli("lifecycles", str(scripted[0])))["Seeds (germination to end)"]
+    assert len(seeds) <= 3
+    assert all(p[:2] == ["round", "env"] for p in seeds)
+    assert sum(len(p) - 2 for p in seeds) == 11  # every other column once
+
+
+def test_a_one_row_table_too_wide_is_printed_down(
+    scripted: tuple[Path, Script], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rollback was 4 tables at 80 columns: a one-row table is field / value."""
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    text = _cli("rollbacks", str(scripted[0]))
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("Rollbacks that did not reach"))
+    assert header_names(lines, at) == ["field", "value"]
+    assert "│ penalized_step " in text and "outcome (1/2)" not in text
 
 
 def test_counts_of_a_directory_is_one_table_with_numbered_runs(
@@ -142,7 +155,7 @@ def test_contribution_legend_explains_dash_and_nan(
     monkeypatch.setenv("COLUMNS", str(WIDTH))
     text = _cli("lifecycles", str(scripted[0]))
     flat = " ".join(text.split())
-    assert "contribution: — the seed is still alive" in flat
+    assert "contribution_pp (accuracy points the seed adds): — the seed is still alive" in flat
     assert "nan: it ended before a counterfactual measured it" in flat
 
 

@@ -90,11 +90,37 @@ def test_quick_runs_every_policy_and_summarises(quick: dict[str, Any]) -> None:
     assert summary["random"]["germinated"] > 0.0  # a random valid policy does act
     assert summary["eager"]["germinated"] >= summary["heuristic"]["germinated"]
     pair = summary["paired"]["ppo-static:reward"]
-    assert pair["n"] == len(SEEDS) * len(range(rounds - max(rounds // 3, 1), rounds))
+    # the statistics of esper analyze compare --group: over seeds, paired by seed
+    assert pair["n"] == len(SEEDS) and pair["method"] == "paired by seed"
+    assert pair["ci_low"] <= pair["mean"] <= pair["ci_high"]
+    assert summary["ppo"]["seeds"] == len(SEEDS) and len(summary["ppo"]["reward_ci"]) == 2
     assert math.isfinite(summary["ppo"]["ev_last_third"])
     vs = summary["vs_static"]
     assert set(vs) == set(POLICIES) - {"static"} and vs["ppo"]["n"] == pair["n"]
-    assert 0 <= vs["random"]["agree"] <= vs["random"]["n"]
+    last = len(range(rounds - max(rounds // 3, 1), rounds))
+    assert vs["random"]["pairs"] == len(SEEDS) * last
+    assert 0 <= vs["random"]["agree"] <= vs["random"]["pairs"]
+
+
+def test_summary_is_the_grouped_statistics_of_compare(
+    bench: ModuleType, quick: dict[str, Any]
+) -> None:
+    """The benchmark's differences are esper_analysis.groups' paired-by-seed intervals
+    over the per-seed last-third means, not statistics of its own."""
+    from esper_analysis.stats import paired_ci
+
+    last = range(*quick["summary"]["last_third_rounds"])
+    last = range(last.start, last.stop + 1)
+    runs = quick["runs"]
+    diffs = [
+        sum(runs["ppo"][s]["acc"][r] - runs["static"][s]["acc"][r] for r in last) / len(last)
+        for s in runs["ppo"]
+    ]
+    expected = paired_ci(diffs)
+    got = quick["summary"]["paired"]["ppo-static:acc"]
+    assert (got["mean"], got["ci_low"], got["ci_high"]) == pytest.approx(
+        (expected.mean, expected.low, expected.high)
+    )
 
 
 def test_per_seed_files_merge_into_the_summary_of_one_joint_run(

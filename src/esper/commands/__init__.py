@@ -55,6 +55,11 @@ COMMANDS: Final = (
         "live terminal view of a run (progress, EPS, reward, seeds, rollbacks)",
     ),
     CommandSpec(
+        "serve",
+        "esper.commands.serve",
+        "serve the runs' catalogue and reports in a browser on localhost (live runs reload)",
+    ),
+    CommandSpec(
         "export",
         "esper.commands.export",
         "export runs as TensorBoard event files (optional extra: tensorboard)",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from esper.commands.train import build_config
+from esper.commands.train import add_set_flag, build_config
 from esper.errors import UserError
 
 HELP = "evaluate a trained policy, frozen (deterministic actions, no updates), with telemetry"
@@ -40,6 +40,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--telemetry-level", choices=["off", "lifecycle", "normal", "debug"], help="events written"
     )
     parser.add_argument("--device", help="cpu | cuda | cuda:K")
+    add_set_flag(parser)
     parser.add_argument(
         "--report",
         nargs="?",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from esper_analysis.catalogue import RunEntry
 
-HELP = "list the runs under telemetry directories (status, task, rounds, EPS, reward)"
+HELP = "list the runs under telemetry directories (status, task, seed, rounds, accuracy)"
 DEFAULT_DIR: Final = "runs"
 #: Table columns for people (JSON has every field, including ``path`` and ``error``).
 _TEXT_COLUMNS: Final = {
@@ -18,12 +18,26 @@ _TEXT_COLUMNS: Final = {
     "status": "status",
     "task": "task",
     "policy": "policy",
+    "seed": "seed",
+    "envs": "envs",
+    "family": "host family",
     "rounds": "rounds",
     "env_steps": "env-steps",
     "eps": "EPS",
     "final_mean_reward": "final mean reward",
-    "parent_run_id": "parent run",
+    "final_accuracy": "final acc %",
+    "lineage": "lineage",
     "started": "started (UTC)",
+}
+#: Columns left out of the table when no run has a value there (no family, no resume).
+_WHEN_USED: Final = ("host family", "lineage")
+_NUMERIC: Final = {
+    "seed": "Int64",
+    "envs": "Int64",
+    "env-steps": "Int64",
+    "EPS": "Float64",
+    "final mean reward": "Float64",
+    "final acc %": "Float64",
 }
 
 
@@ -66,13 +80,15 @@ def _print_table(entries: list[RunEntry], dirs: list[str]) -> None:
     rows = []
     for e in entries:
         row = {title: getattr(e, key) for key, title in _TEXT_COLUMNS.items()}
-        if e.rounds_planned is not None:
-            row["rounds"] = f"{format_value(e.rounds)}/{e.rounds_planned}"
+        if e.rounds_planned is not None:  # through the lineage: a resumed run's parent too
+            done = e.rounds_total if e.rounds_total is not None else e.rounds
+            row["rounds"] = f"{format_value(done)}/{e.rounds_planned}"
+        row["lineage"] = e.lineage or None
         rows.append(row)
-    numeric = {"env-steps": pl.Int64, "EPS": pl.Float64, "final mean reward": pl.Float64}
-    schema = {title: numeric.get(title, pl.String) for title in _TEXT_COLUMNS.values()}
+    shown = [t for t in _TEXT_COLUMNS.values() if t not in _WHEN_USED or any(r[t] for r in rows)]
+    schema = {t: getattr(pl, _NUMERIC[t]) if t in _NUMERIC else pl.String for t in shown}
     frame = pl.DataFrame(
-        [{k: v if k in numeric or v is None else str(v) for k, v in r.items()} for r in rows],
+        [{t: r[t] if t in _NUMERIC or r[t] is None else str(r[t]) for t in shown} for r in rows],
         schema=schema,
     )
     title = f"{len(entries)} run(s) under {', '.join(dirs)}"
@@ -84,4 +100,4 @@ def _print_table(entries: list[RunEntry], dirs: list[str]) -> None:
         console.print(table)
     for e in entries:
         if e.error:
-            console.print(f"[yellow]{e.run_id}: {e.error}[/yellow]")
+            console.print(f"{e.run_id}: {e.error}", style="yellow", markup=False)

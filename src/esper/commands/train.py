@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import msgspec
 
-from esper.config import Config, RunConfig, load_config, with_overrides
+from esper.config import Config, RunConfig, load_config, parse_assignment, with_overrides
 from esper.core.enums import AmpMode, PolicyKind, TelemetryLevel
 from esper.errors import ConfigError, UserError
 
@@ -95,6 +95,22 @@ def _add_workload_flags(parser: argparse.ArgumentParser) -> None:
         choices=[lv.name.lower() for lv in TelemetryLevel],
         help=f"events written: {' < '.join(lv.name.lower() for lv in TelemetryLevel)} "
         f"(default: {_D.telemetry.level})",
+    )
+    add_set_flag(parser)
+
+
+def add_set_flag(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable): any config key, typed and checked like the TOML."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="set",
+        help="set any config key (docs/config.md), repeatable, after --config and before "
+        "the flags above: VALUE is a TOML value (1e-3, true, [8, 16], { prune = -3.0 }), "
+        "a bare word a string, none clears an optional key; e.g. --set ppo.lr=1e-3 "
+        "(default: none)",
     )
 
 
@@ -197,21 +213,30 @@ def build_config(
     """
     cfg = base or (load_config(args.config) if args.config else Config())
     overrides: dict[str, Any] = {"policy.kind": kind.value} if kind is not None else {}
+    flags: dict[str, str] = {}  # config key -> the flag that set it, for errors
+    for text in getattr(args, "set", None) or []:
+        key, value = parse_assignment(text)
+        overrides[key] = value
+        flags[key] = f"--set {text}"
     for attr, path in _OVERRIDES.items():
         value = getattr(args, attr, None)
-        if value is not None:
-            overrides[path] = value
+        if value is None:
+            continue
+        flag = "--" + attr.replace("_", "-")
+        if path in flags:
+            raise ConfigError(f"{flags[path]} and {flag} both set {path}: give one")
+        overrides[path] = value
+        flags[path] = flag
     try:
         return with_overrides(cfg, overrides)
     except ConfigError as exc:
-        raise ConfigError(_name_flag(str(exc))) from None
+        raise ConfigError(_name_flag(str(exc), flags)) from None
 
 
-def _name_flag(message: str) -> str:
+def _name_flag(message: str, flags: dict[str, str]) -> str:
     """Point at the command-line flag when the bad value came from one."""
-    for attr, path in _OVERRIDES.items():
-        if f"$.{path}" in message:
-            flag = "--" + attr.replace("_", "-")
+    for path, flag in flags.items():
+        if f"$.{path}`" in message or f"$.{path}:" in message or message.endswith(f"$.{path}"):
             return f"{flag}: {message.removeprefix('overrides: ')}"
     return message
 

@@ -64,6 +64,9 @@ class RunStarted(Event, tag="run_started", frozen=True, gc=False, kw_only=True):
     #: ``esper evaluate``: the checkpoint whose frozen policy the run evaluates (deterministic
     #: actions, no updates); "" for a training run.
     eval_checkpoint: str = ""
+    #: The command line of the process that started this session (``sys.argv`` as a JSON
+    #: list); "" where it was not recorded (written before it was added).
+    argv: str = ""
 
 
 class RunFinished(Event, tag="run_finished", frozen=True, gc=False, kw_only=True):

@@ -182,6 +182,7 @@ class Recorder:
                 telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
                 deterministic=learner.device.type == "cpu",
                 eval_checkpoint=eval_checkpoint,
+                argv=msgspec.json.encode(sys.argv).decode(),
             )
         )
 
