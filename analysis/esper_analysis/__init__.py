@@ -8,6 +8,7 @@ Load a run with :func:`load_run` (or every run under a directory with
 - :func:`reward_breakdown`, :func:`rollback_audit`, :func:`seed_lifecycles`
 - :func:`action_distribution`, :func:`ppo_health`, :func:`throughput`
 - :func:`write_report` (one self-contained HTML file)
+- :func:`verify_run` (every page of every file read, checksums verified)
 
 The command line is :func:`esper_analysis.cli.main` (``esper analyze ...`` or
 ``python -m esper_analysis ...``).
@@ -25,7 +26,7 @@ from esper_analysis import rewards as _rewards
 from esper_analysis import rollbacks as _rollbacks
 from esper_analysis import throughput as _throughput
 from esper_analysis.baseline import read_baseline
-from esper_analysis.integrity import guard_corrupt_data
+from esper_analysis.integrity import guard_corrupt_data, verify_run
 from esper_analysis.loader import Run, load_run, load_runs, scan_runs
 
 # Public entry points run under the corrupt-data guard: a scan that hits damaged data
@@ -59,6 +60,7 @@ __all__ = [
     "scan_runs",
     "seed_lifecycles",
     "throughput",
+    "verify_run",
     "write_baseline",
     "write_report",
 ]

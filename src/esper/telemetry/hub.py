@@ -390,11 +390,15 @@ def open_run(
     sink: PartSink | None = None,
     world_size: int = 1,
     replace: bool = False,
+    checkpoint_hash: str = "",
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
     ``resume=True`` continues an existing run: ``seq`` restarts at ``start_seq`` (the
-    checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
+    checkpoint's ``next_seq``) and events the old session wrote from there on are cut,
+    once the run is checked (:func:`esper.telemetry.resume.prepare_resume`;
+    ``checkpoint_hash``, the config hash the checkpoint was written with, must be one
+    of the run's sessions').
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
     ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
     ``replace=True`` discards this rank's telemetry first (the trainer's restart of a
@@ -416,6 +420,7 @@ def open_run(
             manifest = prepare_resume(
                 run_dir, run_id=run_id, rank=rank, start_seq=start_seq, level=_level_name(level),
                 flush_interval_s=flush_interval_s, config_hash=config_hash, sink=sink,
+                checkpoint_hash=checkpoint_hash,
             )  # fmt: skip
         else:
             manifest = new_manifest(

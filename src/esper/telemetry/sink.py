@@ -17,7 +17,7 @@ statistics on the envelope, row groups of :data:`ROW_GROUP_ROWS`.
 fsync. Renaming a closed file into place makes it survive a ``kill -9`` of the process
 (the kernel has its bytes); surviving a power loss needs an fsync, which the writer
 does at each explicit flush (the trainer's checkpoints), at the close and after a
-resume's cut and merge (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
+resume's cut (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
 never points past events that are durable on the disk, and a closed run is durable as
 a whole.
 """

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from esper.config import Config, with_overrides
+from esper.config import Config, config_hash_of, with_overrides
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.errors import CheckpointError, CheckpointSaveError, UserError
@@ -396,7 +396,9 @@ def check_telemetry_dir(cfg: Config, run_id: str, *, rank: int, checkpoint: Path
     if cfg.telemetry.level_enum == TelemetryLevel.OFF:
         return False
     run_dir = resolve_run_dir(cfg.telemetry.dir, run_id)
-    return check_new_run_dir(run_dir, run_id=run_id, rank=rank, checkpoint=checkpoint)
+    return check_new_run_dir(
+        run_dir, run_id=run_id, rank=rank, checkpoint=checkpoint, config_hash=cfg.fingerprint()
+    )
 
 
 def _check_continued(
@@ -441,6 +443,7 @@ def open_hub(
         parent_run_id=parent,
         resume=continue_run and state is not None,
         replace=replace,
+        checkpoint_hash=config_hash_of(state.get("config")) if state and continue_run else "",
     )
     return with_emit_log(hub)  # the crash tests' side channel; a no-op unless asked for
 
