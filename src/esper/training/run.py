@@ -506,11 +506,9 @@ class _Saver:
             self.ledger.save_error = self.ledger.save_error or str(exc)
 
     def _save(self, end: _RoundEnd) -> None:
-        flush_error: BaseException | None = None
-        try:
-            self.hub.flush()  # durable (fsynced) before the checkpoint points past it
-        except BaseException as exc:  # still save: training state matters most
-            flush_error = exc
+        # Durable (fsynced) before the checkpoint points past it: a failed flush fails
+        # the checkpoint (an interrupted one is retried by save_pending_quietly).
+        self.hub.flush()
         try:
             size = save_checkpoint(
                 self.path,
@@ -533,10 +531,6 @@ class _Saver:
             raise
         self.pending = None
         self.ledger.path, self.ledger.next_round = self.path, end.next_round
-        try:  # the checkpoint exists: its event too, even when the flush was interrupted
-            self.recorder.checkpoint_saved(
-                str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
-            )
-        finally:
-            if flush_error is not None:
-                raise flush_error  # the cause (Ctrl-C, a dead writer) wins over the emit's
+        self.recorder.checkpoint_saved(
+            str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
+        )
