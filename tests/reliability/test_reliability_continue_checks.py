@@ -1,4 +1,4 @@
-"""``--continue-run`` checks a run before it changes it (issue 48, cases 1-3, 8-9).
+"""``--continue-run`` checks a run before it changes it (issue 48, cases 1-3, 7-9).
 
 A continued run that reads as clean and finished must be one: a lost part, another
 run's part, another run of the same id or an unreadable part is refused (exit 2, one
@@ -25,7 +25,8 @@ from _reliability_support import (
     train_args,
     write_small_config,
 )
-from esper_analysis import load_run
+from esper_analysis import load_run, throughput
+from esper_analysis.catalogue import entry
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
@@ -37,6 +38,9 @@ RUN_ID = "victim"
 #: resumes there, and that round's first step lies past the checkpoint).
 ROUNDS = 3
 FAILED_ROUND = 2
+#: How far a close-only continue's EPS may lie from the run's (the killed close's time,
+#: a few percent of a round here, is in no checkpoint).
+CLOSE_ONLY_EPS_TOLERANCE = 0.25
 
 
 def _data(run_dir: Path) -> dict[Path, bytes]:
@@ -179,6 +183,35 @@ def test_a_clean_continue_still_works(
     run = load_run(tel / RUN_ID)
     assert run.status is RunStatus.FINISHED and run.degraded == []
     assert sorted(rows(tel / RUN_ID, "round_finished")["round"].to_list()) == list(range(ROUNDS))
+
+
+def test_a_continued_runs_eps_covers_every_session(
+    failed: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Case 7: run_finished divided the whole run's env-steps by the last session's
+    wall time (1.8e7 EPS after a continue that only closed the run)."""
+    tel = _copy(failed[1], tmp_path / "tel")
+    run_dir = tel / RUN_ID
+    # Round FAILED_ROUND left to run: a session that runs one round of three.
+    proc = _continue(failed[0], tel, capsys)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (done,) = rows(run_dir, "run_finished").iter_rows(named=True)
+    rounds_wall = float(rows(run_dir, "round_finished")["wall_s"].sum())
+    assert done["rounds_completed"] == ROUNDS
+    assert done["wall_s"] >= rounds_wall  # every session's rounds, not the last one's
+    assert done["eps"] == pytest.approx(done["env_steps"] / done["wall_s"])
+    run = load_run(run_dir)
+    assert entry(run).eps == pytest.approx(done["eps"])  # `esper runs`
+    assert throughput(run).eps == pytest.approx(done["eps"])  # analyze throughput, report
+    # A continue that only closes the run (killed during its close) keeps the figures
+    # (up to the killed close's own time, which no checkpoint recorded).
+    _as_killed(run_dir)
+    proc = _continue(failed[0], tel, capsys)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (closed,) = rows(run_dir, "run_finished").iter_rows(named=True)
+    assert closed["env_steps"] == done["env_steps"]
+    assert closed["wall_s"] >= rounds_wall
+    assert closed["eps"] == pytest.approx(done["eps"], rel=CLOSE_ONLY_EPS_TOLERANCE)
 
 
 def _killed_before_its_first_checkpoint(

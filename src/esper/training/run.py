@@ -88,6 +88,8 @@ class _RoundEnd:
     torch_rng: torch.Tensor
     #: Rollbacks of the whole run so far (a continued run's totals include them).
     rollbacks: int
+    #: Wall seconds of the whole run so far, every session's (its EPS divides by them).
+    wall_s: float
 
 
 @dataclass
@@ -231,6 +233,7 @@ class _Before:
     rounds: int = 0
     env_steps: int = 0
     rollbacks: int = 0
+    wall_s: float = 0.0
 
     @classmethod
     def of(cls, cfg: Config, state: dict[str, Any] | None, world_size: int) -> _Before:
@@ -238,7 +241,8 @@ class _Before:
             return cls()
         rounds = int(state["next_round"])
         steps = rounds * cfg.run.n_envs * cfg.run.episode_length * world_size
-        return cls(rounds, steps, int(state.get("rollbacks", 0)))
+        wall = float(state.get("wall_s", 0.0))  # 0: a checkpoint from before it was saved
+        return cls(rounds, steps, int(state.get("rollbacks", 0)), wall)
 
 
 def _session_started(
@@ -304,7 +308,8 @@ def run_rounds(
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
             rollbacks = before.rollbacks + trainer.state.rollbacks
             if saver is not None:  # None: an evaluation, which saves nothing
-                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks)
+                wall_s = before.wall_s + time.perf_counter() - t0
+                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks, wall_s=wall_s)
     except KeyboardInterrupt as exc:
         status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
@@ -323,7 +328,7 @@ def run_rounds(
                     status,
                     rounds=before.rounds + next_round - start_round,
                     env_steps=before.env_steps + env_steps,
-                    wall=wall,
+                    wall=before.wall_s + wall,
                     rollbacks=before.rollbacks + trainer.state.rollbacks,
                     error=error,
                 )
@@ -479,7 +484,9 @@ class _Saver:
         self.rank = collective.rank if collective is not None else 0
         self.pending: _RoundEnd | None = None
 
-    def round_completed(self, next_round: int, *, save_now: bool, rollbacks: int) -> None:
+    def round_completed(
+        self, next_round: int, *, save_now: bool, rollbacks: int, wall_s: float = 0.0
+    ) -> None:
         state = self.learner.state_dict()
         self.pending = _RoundEnd(
             next_round=next_round,
@@ -488,6 +495,7 @@ class _Saver:
             learner=state if save_now else copy.deepcopy(state),
             torch_rng=torch.get_rng_state(),
             rollbacks=rollbacks,
+            wall_s=wall_s,
         )
         if save_now:
             self._save(self.pending)
@@ -524,6 +532,7 @@ class _Saver:
                     "rank": self.rank,
                     "path": str(self.path),  # as its checkpoint_saved event names it
                     "rollbacks": end.rollbacks,
+                    "wall_s": end.wall_s,
                 },
             )
         except CheckpointSaveError as exc:
