@@ -15,10 +15,13 @@ all) and :class:`MemoryHub` (keeps stamped events in a list, for tests).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -277,10 +280,17 @@ class TelemetryHub(StampingHub):
         """Flush, record a final ``writer_stats`` event, merge, write the final manifest.
 
         Idempotent. Raises :class:`TelemetryWriteError` if the writer failed at any
-        point (the manifest then says ``failed`` if it can still be written).
+        point (the manifest then says ``failed`` if it can still be written). A Ctrl-C
+        during the close (a second one, after the one that ends the run) is held until
+        the close is done, then raised: cut short, the close would leave the run
+        reading as crashed.
         """
         if self._closed:
             return
+        with _interrupts_held():
+            self._close(status, error)
+
+    def _close(self, status: RunStatus, error: str) -> None:
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
@@ -305,6 +315,23 @@ class TelemetryHub(StampingHub):
         failure = failure or writer.error
         if failure is not None:
             raise failure
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT (main thread only) held while the block runs, then raised once."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 class NullHub(StampingHub):
