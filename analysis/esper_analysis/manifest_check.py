@@ -65,7 +65,7 @@ def check_run_integrity(run: Run) -> list[str]:
     if missing:  # a multi-process run records its world size
         notes.append(
             f"degraded read of run {run.run_id!r}: world size {world}, but rank(s) {missing} "
-            "have neither a manifest nor events, so their events are missing from every total"
+            "have no manifest and no events, so their events are missing from every total"
         )
     return notes
 

@@ -172,4 +172,4 @@ def test_a_rank_without_a_manifest_is_not_said_to_be_missing_from_the_totals(
     (no_manifest,) = [n for n in run.degraded if "[1]" in n]
     assert "have events but no manifest" in no_manifest
     (missing,) = [n for n in run.degraded if "[2]" in n]
-    assert "neither a manifest nor events" in missing
+    assert "have no manifest and no events" in missing
