@@ -101,7 +101,7 @@ def peak_rss_mb() -> float:
 
 def scan_columns(event_type: str) -> list[str]:
     from esper_analysis.baseline import FINGERPRINT_FIELDS
-    from esper_analysis.schema import event_schema
+    from esper_analysis.schema import polars_schema
 
     from esper.core.records import REWARD_COMPONENTS
 
@@ -110,16 +110,17 @@ def scan_columns(event_type: str) -> list[str]:
         wanted += list(REWARD_COMPONENTS)
     if event_type == "run_started":
         wanted += list(FINGERPRINT_FIELDS)
-    names = event_schema(event_type).names()
+    names = polars_schema(event_type).names()
     return [c for c in dict.fromkeys(wanted) if c in names]
 
 
 def worker_scan(run_dir: Path) -> dict[str, Any]:
     import polars as pl
 
-    from esper.telemetry.paths import event_type_of
+    from esper.telemetry.paths import TYPE_DIR_PREFIX
 
-    columns = {d.name: scan_columns(event_type_of(d.name)) for d in (run_dir / "events").iterdir()}
+    events = (run_dir / "events").iterdir()
+    columns = {d.name: scan_columns(d.name.removeprefix(TYPE_DIR_PREFIX)) for d in events}
     t0 = time.perf_counter()
     plans, types = [], []
     for type_dir in sorted((run_dir / "events").iterdir()):

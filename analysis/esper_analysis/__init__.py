@@ -11,6 +11,7 @@ Load a run with :func:`load_run` (or every run under a directory with
 - :func:`compare_runs` (pair by pair) and :func:`compare_groups` (groups of seeds: mean
   and 95 % interval over seeds, paired by seed)
 - :func:`write_report` (one self-contained HTML file)
+- :func:`verify_run` (every page of every file read, checksums verified)
 
 The command line is :func:`esper_analysis.cli.main` (``esper analyze ...`` or
 ``python -m esper_analysis ...``).
@@ -31,7 +32,7 @@ from esper_analysis import rewards as _rewards
 from esper_analysis import rollbacks as _rollbacks
 from esper_analysis import throughput as _throughput
 from esper_analysis.baseline import read_baseline
-from esper_analysis.integrity import guard_corrupt_data
+from esper_analysis.integrity import guard_corrupt_data, verify_run
 from esper_analysis.loader import Run, load_run, load_runs, scan_runs
 from esper_analysis.run_info import RunInfo, run_info
 
@@ -75,6 +76,7 @@ __all__ = [
     "scan_runs",
     "seed_lifecycles",
     "throughput",
+    "verify_run",
     "write_baseline",
     "write_report",
 ]

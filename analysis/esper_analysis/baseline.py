@@ -97,8 +97,7 @@ def rule_for(event_type: str, rules: dict[str, Rule] | None = None) -> Rule:
 def fingerprint(run: Run) -> dict[str, Any]:
     """Configuration fingerprint: run_started fields (manifest config hash as fallback)."""
     fp: dict[str, Any] = {"config_hash": run.config_hash or None}
-    world = run.manifest.get("world_size") if run.manifests else None
-    fp["world_size"] = world if isinstance(world, int) else 1  # processes (ranks)
+    fp["world_size"] = run.manifest.world_size if run.manifest else 1  # processes (ranks)
     if run.rows_on_disk("run_started"):
         row = run.scan("run_started").select(FINGERPRINT_FIELDS).collect().row(0, named=True)
         fp.update({k: v for k, v in row.items() if v is not None and v != ""})

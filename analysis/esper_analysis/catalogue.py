@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any, Final
 
 import polars as pl
 
+from esper.telemetry.manifest import NS_PER_S
 from esper_analysis.errors import AnalysisError, RunNotFoundError
+from esper_analysis.integrity import SCAN_ERRORS, corrupt_data_errors
 from esper_analysis.loader import Run, is_run_dir, load_run
 from esper_analysis.run_info import RunInfo, run_info
 
@@ -94,10 +97,9 @@ def _last_row(run: Run, event_type: str, columns: Sequence[str]) -> dict[str, An
 
 
 def _started(run: Run) -> str | None:
-    ns = run.manifest.get("started_ns")
-    if not isinstance(ns, int):
+    if run.manifest is None:
         return None
-    return pl.Series([ns]).cast(pl.Datetime("ns")).dt.strftime("%Y-%m-%d %H:%M:%S").item()  # type: ignore[no-any-return]
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.manifest.started_ns // NS_PER_S))
 
 
 def _rounds(run: Run) -> tuple[int | None, float | None, float | None, float | None]:
@@ -215,8 +217,10 @@ def catalogue(roots: Iterable[str | os.PathLike[str]]) -> list[RunEntry]:
             with warnings.catch_warnings():  # skipped parts of a live run are expected here
                 warnings.simplefilter("ignore")
                 try:
-                    entries.append(entry(load_run(path, verify_pages=False)))  # a listing
-                except (AnalysisError, OSError) as exc:
+                    run = load_run(path)
+                    with corrupt_data_errors(run):
+                        entries.append(entry(run))
+                except (AnalysisError, *SCAN_ERRORS) as exc:
                     entries.append(_unreadable(path, exc))
     return sorted(entries, key=lambda e: (e.started is None, e.started or "", e.run_id))
 

@@ -3,7 +3,8 @@
 Every command takes a run directory (``counts`` also a directory of runs, one column
 per run; ``compare`` several runs). Output is rich tables for people, or JSON with
 ``--json``. Exit codes: 0 success, 1 drift (``baseline check``), 2 usage error (bad
-arguments, missing run directory or baseline, corrupt file, newer schema), printed as
+arguments, missing run directory or baseline, corrupt file, newer schema, damaged pages
+found by ``verify``), printed as
 one ``error: ...`` line without a traceback. Warnings (a crashed run, skipped files)
 go to stderr as ``warning: ...`` lines so ``--json`` output stays parseable.
 """
@@ -27,9 +28,9 @@ from esper_analysis.actions import action_distribution
 from esper_analysis.baseline import check_baseline, read_baseline, write_baseline
 from esper_analysis.compare_report import X_AXES
 from esper_analysis.counts import Counts, event_counts
-from esper_analysis.errors import AnalysisError
+from esper_analysis.errors import AnalysisError, CorruptFileError
 from esper_analysis.hosts import host_choices
-from esper_analysis.integrity import corrupt_data_errors
+from esper_analysis.integrity import corrupt_data_errors, verify_run
 from esper_analysis.lifecycles import seed_lifecycles
 from esper_analysis.loader import Run, is_run_dir, load_run, load_runs
 from esper_analysis.ppo import ppo_health
@@ -134,6 +135,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         default="round",
         help="x axis of the per-round charts: round, or env-steps done (default: round)",
     )
+    verify_help = "read every page of every file of a run, checksums verified (exit 2: damage)"
+    _common(sub.add_parser("verify", help=verify_help, description=verify_help))
     compare_cli.add_parser(sub)
     return parser
 
@@ -199,6 +202,16 @@ def _report(args: argparse.Namespace, run: Run, out: TextIO) -> int:
         out.write(json.dumps({"report": str(path), "run": jsonable(_run_info(run))}) + "\n")
     else:
         out.write(f"report of run {run.run_id} written to {path}\n")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace, run: Run, out: TextIO) -> int:
+    result = verify_run(run)
+    _emit(out, run, result, args)
+    if result.damaged:
+        bad = result.files.filter(pl.col("damage") != "")
+        where = ", ".join(f"{run.path / f} ({d})" for f, d in bad.select("file", "damage").rows())
+        raise CorruptFileError(f"damaged pages in {where}")
     return EXIT_OK
 
 
@@ -283,6 +296,8 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return _baseline(args, run, out)
         if args.command == "report":
             return _report(args, run, out)
+        if args.command == "verify":
+            return _verify(args, run, out)
         analysis, _ = ANALYSES[args.command]
         _emit(out, run, analysis(run), args)
     return EXIT_OK

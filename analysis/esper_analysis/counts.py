@@ -1,7 +1,8 @@
 """Event counts: by type, by round, by env, by step within the episode, by rank.
 
-One scan per event type reads the four envelope columns counted; each breakdown is a
-``group_by`` of one of them. Grouping by ``(round, env, step)`` together would have as
+One query: a hive scan of every file of the run (``type`` from the directory) reads the
+four envelope columns counted, and each breakdown is a ``group_by`` of ``type`` and one
+of them, collected together. Grouping by ``(round, env, step)`` together would have as
 many groups as env-steps, i.e. be as large as the data itself.
 """
 
@@ -63,15 +64,13 @@ def _nested(frame: pl.DataFrame, dim: str) -> dict[str, dict[str, int]]:
     return {t: dict(zip(keys, events, strict=True)) for t, keys, events in grouped.iter_rows()}
 
 
-def _breakdown(frame: pl.DataFrame, event_type: str, dim: str) -> pl.LazyFrame:
-    """``(type, value, events)`` of one column, nulls left out, sorted by value."""
+def _breakdown(events: pl.LazyFrame, dim: str) -> pl.LazyFrame:
+    """``(type, value, events)`` of one column, nulls left out, sorted by type and value."""
     return (
-        frame.lazy()
-        .drop_nulls(dim)
-        .group_by(dim)
+        events.drop_nulls(dim)
+        .group_by("type", dim)
         .agg(events=pl.len().cast(pl.Int64))
-        .select(type=pl.lit(event_type), **{dim: pl.col(dim)}, events=pl.col("events"))
-        .sort(dim)
+        .sort("type", dim)
     )
 
 
@@ -89,25 +88,16 @@ def _manifest_counts(run: Run) -> dict[str, int]:
     """Per-type counts the writer recorded, summed over every rank's manifest."""
     totals: dict[str, int] = {}
     for manifest in run.manifests.values():
-        counts = manifest.get("counts")
-        if isinstance(counts, dict):
-            for key, value in counts.items():
-                if isinstance(value, int):
-                    totals[key] = totals.get(key, 0) + value
+        for key, value in manifest.counts.items():
+            totals[key] = totals.get(key, 0) + value
     return totals
 
 
 def event_counts(run: Run) -> Counts:
-    """Every count view of a run, deduplicated on ``(rank, seq)``."""
-    tables: dict[str, list[pl.DataFrame]] = {dim: [] for dim in DIMENSIONS}
-    total_of: dict[str, int] = {}
-    for event_type in sorted(run.event_types):  # one type in memory at a time
-        frame = run.scan(event_type).select(DIMENSIONS).collect()
-        if frame.height:
-            total_of[event_type] = frame.height
-        counted = pl.collect_all([_breakdown(frame, event_type, dim) for dim in DIMENSIONS])
-        for dim, table in zip(DIMENSIONS, counted, strict=True):
-            tables[dim].append(table)
+    """Every count view of a run."""
+    events = run.scan_envelopes(DIMENSIONS)
+    by_dim = pl.collect_all([_breakdown(events, dim) for dim in DIMENSIONS])
+    total_of = {t: run.rows_on_disk(t) for t in run.event_types}
     env_steps = _env_steps(run, total_of)
     manifest = _manifest_counts(run)
     rows = [
@@ -123,8 +113,8 @@ def event_counts(run: Run) -> Counts:
     ]
     by_type = pl.DataFrame(rows, schema=_BY_TYPE_SCHEMA)
     breakdowns = {
-        dim: pl.concat(frames) if frames else pl.DataFrame(schema=_breakdown_schema(dim))
-        for dim, frames in tables.items()
+        dim: frame.cast(_breakdown_schema(dim))
+        for dim, frame in zip(DIMENSIONS, by_dim, strict=True)
     }
     return Counts(
         by_type=by_type,

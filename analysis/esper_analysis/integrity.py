@@ -1,162 +1,108 @@
-"""Integrity checks that keep damaged or foreign files from crashing an analysis.
+"""Damaged data is an error naming the file, never silently different numbers.
 
-Four layers: :func:`check_columns` rejects, from a Parquet footer alone, a file whose
-columns do not have the catalogue's types for its event type (the loader then treats
-it like an unreadable file); scans read every page with pyarrow's own checksum
-verification (:mod:`esper_analysis.parts`; :func:`verify_pages` reads a whole file so,
-to name the damaged one), so random bytes in a part are an error rather than silently
-different numbers;
-:func:`esper_analysis.manifest_check.check_run_integrity` compares the files with
-the manifest (``run_id``, per-type counts); :func:`corrupt_data_errors` turns a scan
-that fails on damaged data pages into :class:`CorruptFileError` naming the file.
-Every public analysis runs under :func:`guard_corrupt_data`.
+Footers, columns and the files' agreement with the manifest are checked when a run is
+loaded (:mod:`esper_analysis.loader`, :mod:`esper_analysis.manifest_check`). Data pages
+carry CRC32 checksums; polars' reader does not check them, so they are verified where
+the writer merges (every input page, at the close) and by :func:`verify_run`
+(``esper analyze verify RUN``), which reads every page of every file. A scan that fails
+on damaged pages is turned into :class:`CorruptFileError` naming the file by
+:func:`corrupt_data_errors`, which every public analysis runs under
+(:func:`guard_corrupt_data`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Concatenate, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Concatenate, ParamSpec, TypeVar
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from polars.datatypes import DataTypeClass
 
 from esper_analysis.errors import CorruptFileError
-from esper_analysis.schema import event_schema
+from esper_analysis.result import AnalysisResult
 
 if TYPE_CHECKING:
     from esper_analysis.loader import Run
 
 P = ParamSpec("P")
 R = TypeVar("R")
-#: Unsigned file columns up to this width fit the catalogue's Int64.
-_MAX_UNSIGNED_BITS: Final = 32
-
-
-class ForeignTableError(ValueError):
-    """A Parquet file whose columns lack the catalogue's types for its event type."""
+#: What a scan of damaged or vanished files can raise (polars panics are BaseException).
+SCAN_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError, pa.ArrowException)
 
 
 class IntegrityError(CorruptFileError):
     """The files disagree with the manifest, or hold another run's events (exit 2)."""
 
 
-class DamagedPagesError(ValueError):
-    """A data page fails its checksum or does not decode (the footer was fine)."""
-
-
-def verify_pages(path: Path, meta: pq.FileMetaData | None = None) -> None:
-    """Read every page of ``path`` with pyarrow's page checksum verification (string
-    columns kept dictionary-encoded: decoding them is not needed to check them).
-
-    Raises :class:`DamagedPagesError` with the first line of the reason.
-    """
+def page_damage(path: Path) -> str | None:
+    """Why some page of ``path`` fails its checksum or does not decode (None if none
+    does): every page read with pyarrow's checksum verification, strings kept
+    dictionary-encoded (decoding them is not needed to check them)."""
     try:
-        meta = meta or pq.read_metadata(path)
-        schema = meta.schema.to_arrow_schema()
+        schema = pq.read_schema(path)
         strings = [f.name for f in schema if pa.types.is_string(f.type)]
-        with pq.ParquetFile(
-            path, metadata=meta, page_checksum_verification=True, read_dictionary=strings
-        ) as parquet:
-            for group in range(parquet.num_row_groups):
-                parquet.read_row_group(group, use_threads=False)
+        with pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings) as f:
+            for group in range(f.num_row_groups):
+                f.read_row_group(group, use_threads=False)
     except (OSError, pa.ArrowException) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DamagedPagesError(first) from None
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None
 
 
-def footer_values(meta: pq.FileMetaData, name: str) -> tuple[set[object], int | None] | None:
-    """Every row group's min and max of column ``name``, and its nulls summed (None if a
-    row group does not count them), from the footer statistics alone; None when the
-    file has no such column, no row group, or a row group without min and max."""
-    names = meta.schema.names
-    if name not in names or meta.num_row_groups == 0:
-        return None
-    col = names.index(name)
-    values: set[object] = set()
-    nulls: int | None = 0
-    for group in range(meta.num_row_groups):
-        stats = meta.row_group(group).column(col).statistics
-        if stats is None or not stats.has_min_max:
-            return None
-        values.update((stats.min, stats.max))
-        nulls = nulls + stats.null_count if nulls is not None and stats.has_null_count else None
-    return values, nulls
+@dataclasses.dataclass(frozen=True)
+class Verification(AnalysisResult):
+    TITLES: ClassVar[dict[str, str]] = {"files": "Page checksums, file by file"}
+
+    #: One row per file: path, event type, rank, rows, bytes, and the damage found.
+    files: pl.DataFrame
+    damaged: int
 
 
-def footer_run_id(meta: pq.FileMetaData) -> str | None:
-    """The file's single ``run_id`` from the footer statistics, or None if not provable
-    (a null among the rows, or nulls not counted, is not that run's)."""
-    found = footer_values(meta, "run_id")
-    if found is None or found[1] != 0 or len(found[0]) != 1:
-        return None
-    only = found[0].pop()
-    return only if isinstance(only, str) else None
-
-
-def file_run_ids(path: Path) -> set[str]:
-    """Every distinct ``run_id`` in a file (reads that one column)."""
-    column = pq.read_table(path, columns=["run_id"]).column("run_id")
-    return {str(v) for v in pc.unique(column).to_pylist()}
-
-
-def _same_kind(t: pa.DataType, d: pl.DataType | DataTypeClass) -> bool:
-    """Whether a file column of type ``t`` scans into catalogue dtype ``d`` (upcasts only)."""
-    if pa.types.is_null(t):
-        return True
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if isinstance(d, pl.List):
-        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _same_kind(
-            t.value_type, d.inner
-        )
-    if d == pl.Int64:
-        return bool(pa.types.is_signed_integer(t)) or bool(
-            pa.types.is_unsigned_integer(t) and t.bit_width <= _MAX_UNSIGNED_BITS
-        )
-    if d == pl.Float64:
-        return bool(pa.types.is_floating(t))
-    if d == pl.Boolean:
-        return bool(pa.types.is_boolean(t))
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
-
-
-def check_columns(meta: pq.FileMetaData, event_type: str) -> None:
-    """Reject, from the footer alone, a file that is not a table of ``event_type``."""
-    expected = event_schema(event_type)
-    actual = meta.schema.to_arrow_schema()
-    if "seq" not in actual.names:
-        raise ForeignTableError(f"no seq column: not an {event_type} table")
-    bad = [
-        f"{f.name} is {f.type}"
-        for f in actual
-        if f.name in expected and not _same_kind(f.type, expected[f.name])
-    ]
-    if bad:
-        raise ForeignTableError(f"not an {event_type} table ({'; '.join(bad)})")
+def verify_run(run: Run) -> Verification:
+    """Read every page of every file of the run, checksums verified."""
+    rows = []
+    for files in run.files.values():
+        for part in files:
+            damage = page_damage(part.path)
+            rows.append(
+                {
+                    "file": part.name_in(run.path),
+                    "type": part.event_type,
+                    "rank": part.rank,
+                    "rows": part.rows,
+                    "bytes": part.path.stat().st_size if part.path.exists() else None,
+                    "damage": damage or "",
+                }
+            )
+    schema = {"file": pl.String, "type": pl.String, "rank": pl.Int64, "rows": pl.Int64}
+    frame = pl.DataFrame(rows, schema={**schema, "bytes": pl.Int64, "damage": pl.String})
+    return Verification(files=frame, damaged=int((frame["damage"] != "").sum()))
 
 
 @contextmanager
 def corrupt_data_errors(run: Run) -> Iterator[None]:
-    """Turn a scan that failed on damaged data pages into :class:`CorruptFileError`.
-
-    Footers are checked when a run is loaded; data pages only when a scan reads them, so
-    every public analysis runs under this guard (see :func:`guard_corrupt_data`). An
-    error no file explains is a bug and propagates unchanged.
-    """
+    """Turn a scan that failed on damaged data pages into :class:`CorruptFileError`
+    naming the files, and one that found a file gone (a live run's merge) into one that
+    says to read again. An error no file explains is a bug and propagates unchanged."""
     try:
         yield
-    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as exc:
-        bad = run.find_corrupt_files()
+    except SCAN_ERRORS as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        files = [f for fs in run.files.values() for f in fs]
+        if any(not f.path.exists() for f in files):
+            raise CorruptFileError(
+                f"run {run.run_id} ({run.path}) changed while it was read (a live run's "
+                f"writer merges its parts as it goes): read it again ({first})"
+            ) from None
+        bad = [f.name_in(run.path) for f in files if page_damage(f.path) is not None]
         if not bad:
             raise
-        where = ", ".join(b.path for b in bad)
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        where = ", ".join(str(run.path / b) for b in bad)
         raise CorruptFileError(f"corrupt Parquet data in {where}: {first}") from None
 
 

@@ -1,170 +1,179 @@
-"""Load run directories as lazy polars frames per event type, tolerant of crashes.
+"""Load run directories as lazy polars frames per event type: the one reader of runs.
 
-A run directory is ``<run_id>/manifest.json`` plus
-``<run_id>/events/type=<event_type>/rank=<r>/part-<n>.parquet`` (schema 1: ``<event_type>/``,
-also read). Only Parquet *footers* are
-read up front (row counts, schema version, ``seq`` statistics); data is scanned lazily.
+A run directory is read with the writer's own rules: the manifests by
+:func:`esper.telemetry.manifest.read_manifests`, the status by
+:func:`esper.telemetry.manifest.effective_status`, the files by
+:func:`esper.telemetry.paths.list_parts` (``events/type=<t>/rank=<r>/``, superseded
+parts skipped). Footers are read up front (rows, columns, run ids, schema version), each
+once while its file is unchanged (:func:`_footer` caches them by path, size and mtime:
+``esper watch`` reloads a live run every second and reads only its new files). Data is
+scanned lazily by polars' own Parquet reader, typed by the catalogue.
 
-Corrupt files: every footer is read at load time; every page a scan reads is read with
-pyarrow's page checksum verification (:mod:`esper_analysis.parts`; files written
-before page checksums are decoded only), and a damaged page is an error naming the file
-(:func:`~esper_analysis.integrity.corrupt_data_errors`). In a run whose writer closed
-cleanly (manifest status finished, failed or interrupted) an unreadable Parquet file is
-an error that names the file, because silently analysing part of a finished run would
-give wrong answers. In a run whose manifest still says ``running`` (killed, or still
-live) unreadable files are skipped with a warning and listed in :attr:`Run.recovery`,
-because reading what a crash left is the point there.
+Damage is never read silently. A file whose footer cannot be read, whose columns are
+not its type's (a file of the current schema version lacking a column is damaged, not
+older), a stray ``*.parquet`` that is no part, or parts with overlapping ``seq`` ranges:
+in a run whose writer closed cleanly (manifest finished, failed or interrupted) an
+error naming the file; in a run that did not close (killed, or live) skipped with a
+warning and listed in :attr:`Run.recovery`, since reading what a crash left is the
+point there. The files are checked against the manifests
+(:mod:`esper_analysis.manifest_check`). Page checksums are verified where the data is
+merged (the writer's close) and by ``esper analyze verify``
+(:func:`esper_analysis.integrity.verify_run`); a scan that fails on damaged pages names
+the file (:func:`~esper_analysis.integrity.corrupt_data_errors`).
 
-Foreign or missing events: the files are checked against the manifest (``run_id`` of
-every file, per-type counts; :mod:`esper_analysis.manifest_check`): an error for a
-cleanly closed run, a degraded read with a warning (:attr:`Run.degraded`) otherwise.
-
-Parts a merge superseded (a crash between its rename and its deletes) are skipped by
-the writer's own rule (:func:`esper.telemetry.liveness.superseded`). Events are unique
-on ``(rank, seq)``: when the files of one type and rank still have overlapping ``seq``
-ranges (files copied in by hand) or unknown ones, the scan deduplicates.
+A live run's writer merges parts as it runs: a file listed here may be gone when a
+scan opens it. The scan then fails naming the run as changed; read again.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
+import functools
 import os
-import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from esper.core.enums import RunStatus
-from esper.telemetry.events import SCHEMA_VERSION
-from esper.telemetry.liveness import manifest_status, superseded
-from esper.telemetry.paths import event_type_of, list_parts, parse_part
-from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
-from esper_analysis.integrity import (
-    DamagedPagesError,
-    ForeignTableError,
-    check_columns,
-    corrupt_data_errors,
-    footer_run_id,
-    verify_pages,
+from esper.telemetry.arrow_schema import META_SCHEMA_VERSION, event_schema
+from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
+from esper.telemetry.manifest import Manifest, ManifestError, effective_status, read_manifests
+from esper.telemetry.paths import (
+    EVENTS_DIR,
+    MANIFEST_NAME,
+    Part,
+    list_parts,
+    manifest_path,
+    type_rank_dirs,
 )
+from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
+from esper_analysis.integrity import corrupt_data_errors
 from esper_analysis.manifest_check import check_run_integrity
-from esper_analysis.parts import PartFile, scan_parts
-from esper_analysis.recovery import Recovery, SkippedFile, as_int, recovery_of
-from esper_analysis.schema import empty_frame, event_schema, known_event_types
+from esper_analysis.recovery import Recovery, SkippedFile, recovery_of
+from esper_analysis.schema import ENVELOPE, empty_frame, polars_schema
 
-MANIFEST_NAME: Final = "manifest.json"
-#: Ranks other than 0 write ``manifest-rank<r>.json`` beside rank 0's manifest.
-_RANK_MANIFEST = re.compile(r"^manifest-rank(\d+)\.json$")
-EVENTS_DIR: Final = "events"
-_RANK_DIR = re.compile(r"^rank=(\d+)$")
-#: Parquet key-value metadata key of the schema version (written by the telemetry writer).
-SCHEMA_VERSION_KEY: Final = b"esper.schema_version"
-_CLOSED_STATUSES: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
-_DEDUP_KEY: Final = ("rank", "seq")
-_INT_PHYSICAL: Final = frozenset({"INT32", "INT64"})
-_KNOWN_TYPES: Final = frozenset(known_event_types())
+#: The oldest schema version read: 3 named parts by their seq range.
+OLDEST_SCHEMA_VERSION: Final = 3
+_CLOSED: Final = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
+#: Footers kept by :func:`_footer` (a day-long live run has about 2,000 files).
+FOOTER_CACHE: Final = 8192
+#: Listings of a directory tried when a listed file is merged away before its footer
+#: is read (a live run).
+LIST_ATTEMPTS: Final = 5
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One part file of a run, from its name and footer (no data read)."""
+
+    path: Path
+    event_type: str
+    rank: int
+    rows: int
+    #: Its ``seq`` range (from the name).
+    first: int
+    last: int
+    #: The run ids its rows carry.
+    run_ids: frozenset[str]
+    columns: tuple[str, ...] = field(default=(), compare=False)
+
+    def name_in(self, run_dir: Path) -> str:
+        """How messages name this part: relative to the run directory."""
+        try:
+            return self.path.relative_to(run_dir).as_posix()
+        except ValueError:
+            return str(self.path)
+
+
+@dataclass(frozen=True)
+class _Footer:
+    rows: int
+    version: int | None
+    run_ids: frozenset[str]
+    columns: tuple[str, ...]
+    #: Why the file is not a table of its type (None: it is one).
+    problem: str | None
 
 
 @dataclass
 class Run:
-    """One run directory: manifest, part files per event type, lazy scans."""
+    """One run directory: manifests, part files per event type, lazy scans."""
 
     path: Path
-    manifests: dict[int, dict[str, Any]]
+    manifests: dict[int, Manifest]
     files: dict[str, list[PartFile]]
     skipped: list[SkippedFile] = field(default_factory=list)
     unknown_types: list[str] = field(default_factory=list)
     #: Why the read is degraded (files disagree with the manifest of an unclosed rank).
     degraded: list[str] = field(default_factory=list)
-    #: Whether scans verify the page checksums of what they read.
-    verify: bool = True
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest | None:
         """Rank 0's manifest (the run's own), or the lowest rank's when rank 0 has none."""
-        if not self.manifests:
-            return {}
-        return self.manifests.get(0) or self.manifests[min(self.manifests)]
+        return self.manifests[min(self.manifests)] if self.manifests else None
 
     @property
     def run_id(self) -> str:
-        return str(self.manifest.get("run_id") or self.path.name)
+        return self.manifest.run_id if self.manifest else self.path.name
 
     @property
     def config_hash(self) -> str:
-        return str(self.manifest.get("config_hash") or "")
+        return self.manifest.config_hash if self.manifest else ""
 
     @property
     def schema_version(self) -> int | None:
-        """The newest schema version among the manifests and files (None if unrecorded)."""
-        versions = [f.schema_version for fs in self.files.values() for f in fs]
-        versions += [as_int(m.get("schema_version")) for m in self.manifests.values()]
-        known = [v for v in versions if v is not None]
-        return max(known) if known else None
+        """The newest schema version of the manifests (None without one)."""
+        return max((m.schema_version for m in self.manifests.values()), default=None)
 
     @property
     def event_types(self) -> tuple[str, ...]:
         """Event types with at least one row on disk, in catalogue order."""
-        return tuple(t for t in known_event_types() if self.rows_on_disk(t) > 0)
+        return tuple(t for t in EVENT_TYPES if self.rows_on_disk(t) > 0)
 
     def rows_on_disk(self, event_type: str) -> int:
-        """Rows in the footers (before deduplication); cheap, no data read."""
+        """Events of a type (footer row counts: no data read)."""
         return sum(f.rows for f in self.files.get(event_type, ()))
 
-    def needs_dedup(self, event_type: str) -> bool:
-        """Whether some files of this type may hold the same ``(rank, seq)``."""
-        by_rank: dict[int, list[PartFile]] = {}
-        for f in self.files.get(event_type, ()):
-            by_rank.setdefault(f.rank, []).append(f)
-        for parts in by_rank.values():
-            if len(parts) < 2:
-                continue
-            if any(p.seq_min is None or p.seq_max is None for p in parts):
-                return True
-            spans = sorted((int(p.seq_min or 0), int(p.seq_max or 0)) for p in parts)
-            if any(b[0] <= a[1] for a, b in itertools.pairwise(spans)):
-                return True
-        return False
-
-    def scan(self, event_type: str) -> pl.LazyFrame:
+    def scan(self, event_type: str, *, since: Mapping[int, int] | None = None) -> pl.LazyFrame:
         """All ranks of one event type, typed by the current catalogue (empty if none);
-        its reads verify every page they touch (unless the run was loaded without)."""
-        files = sorted(self.files.get(event_type, []), key=lambda f: f.rank)  # stable
+        columns an older schema version lacks are null. ``since`` (rank -> seq): files
+        that end before it are not read (a live view reads the newest files only)."""
+        files = [
+            f for f in self.files.get(event_type, ()) if since is None or f.last >= since[f.rank]
+        ]
         if not files:
             return empty_frame(event_type)
-        lf = scan_parts(files, event_schema(event_type), verify=self.verify)
-        if self.needs_dedup(event_type):
-            lf = lf.unique(subset=list(_DEDUP_KEY), keep="first", maintain_order=True)
-        return lf
+        return pl.scan_parquet(
+            [f.path for f in sorted(files, key=lambda f: (f.rank, f.first))],
+            schema=polars_schema(event_type),
+            missing_columns="insert",
+            extra_columns="ignore",
+            hive_partitioning=False,
+            glob=False,
+        )
 
-    def count(self, event_type: str) -> int:
-        """Number of distinct events of a type (footer sum unless dedup is needed)."""
-        if not self.needs_dedup(event_type):
-            return self.rows_on_disk(event_type)
-        return int(self.scan(event_type).select(pl.len()).collect().item())
-
-    def find_corrupt_files(self) -> list[SkippedFile]:
-        """Files whose data pages fail to decode (footers were checked at load time).
-
-        Reads every file in full, so it is only called after a scan failed, to name
-        the culprit.
-        """
-        bad = []
-        for parts in self.files.values():
-            for part in parts:
-                try:
-                    verify_pages(part.path)
-                except DamagedPagesError as exc:
-                    bad.append(SkippedFile(str(part.path), str(exc)))
-        return bad
+    def scan_envelopes(self, columns: Sequence[str]) -> pl.LazyFrame:
+        """Envelope ``columns`` of every event of every type, with the ``type`` column of
+        the hive layout: one scan for queries across types (counts, recovery)."""
+        paths = [f.path for files in self.files.values() for f in files]
+        schema = pl.Schema({c: ENVELOPE[c] for c in columns})
+        if not paths:
+            return pl.LazyFrame(schema={**schema, "type": pl.String})
+        return pl.scan_parquet(
+            paths,
+            schema=schema,
+            extra_columns="ignore",
+            hive_partitioning=True,
+            hive_schema={"type": pl.String, "rank": pl.Int64},
+            glob=False,
+        ).select(*columns, "type")
 
     @cached_property
     def status(self) -> RunStatus:
@@ -177,122 +186,139 @@ class Run:
         manifest says ``failed``) is failed. Otherwise the manifests decide, the worst
         rank first; no manifest at all is a crash.
         """
-        statuses = [manifest_status(m) for m in self.manifests.values()]
+        statuses = [effective_status(m) for m in self.manifests.values()]
         if RunStatus.CRASHED in statuses:
             return RunStatus.CRASHED
         if self.rows_on_disk("run_finished"):
             with corrupt_data_errors(self):
                 last = self.scan("run_finished").select(pl.col("status").last()).collect().item()
-            parsed = _parse_status(last)
+            parsed = next((s for s in _CLOSED if s.value == str(last).lower()), None)
             if parsed is RunStatus.FINISHED and RunStatus.FAILED in statuses:
                 return RunStatus.FAILED
-            if parsed in _CLOSED_STATUSES:
+            if parsed is not None:
                 return parsed
-        if not statuses or any(s in (None, RunStatus.CRASHED) for s in statuses):
+        if not statuses:
             return RunStatus.CRASHED
         if RunStatus.RUNNING in statuses:
             return RunStatus.RUNNING
-        for worst in (RunStatus.FAILED, RunStatus.INTERRUPTED):
-            if worst in statuses:
-                return worst
-        return RunStatus.FINISHED
+        return next(
+            (s for s in (RunStatus.FAILED, RunStatus.INTERRUPTED) if s in statuses),
+            RunStatus.FINISHED,
+        )
 
     @cached_property
     def recovery(self) -> Recovery | None:
         """For a crashed (or still running) run: files read, events, last seq per rank."""
-        if self.status in _CLOSED_STATUSES:
+        if self.status in _CLOSED:
             return None
         with corrupt_data_errors(self):
             return recovery_of(self)
 
 
-def _parse_status(value: Any) -> RunStatus | None:
-    try:
-        return RunStatus(str(value).lower())
-    except ValueError:
-        return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"cannot read manifest {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise CorruptFileError(f"manifest {path} is not a JSON object")
-    return data
-
-
-def _read_manifests(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """Every rank's manifest: ``manifest.json`` (rank 0) and ``manifest-rank<r>.json``."""
-    manifests: dict[int, dict[str, Any]] = {}
-    for path in sorted(run_dir.glob("manifest*.json")):
-        match = _RANK_MANIFEST.match(path.name)
-        if path.name != MANIFEST_NAME and match is None:
-            continue
-        data = _read_json(path)
-        _check_version(as_int(data.get("schema_version")), path)
-        rank = as_int(data.get("rank"))
-        if rank is None:
-            rank = int(match.group(1)) if match else 0
-        manifests[rank] = data
-    return manifests
-
-
-def _file_version(meta: pq.FileMetaData) -> int | None:
-    raw = (meta.metadata or {}).get(SCHEMA_VERSION_KEY)
-    return None if raw is None else as_int(raw.decode("utf-8", "replace"))
-
-
-def _seq_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
-    names = meta.schema.names
-    if "seq" not in names or meta.num_row_groups == 0:
-        return None, None
-    col = names.index("seq")
-    if meta.schema.column(col).physical_type not in _INT_PHYSICAL:
-        return None, None  # a foreign file; its statistics are not sequence numbers
-    lo: int | None = None
-    hi: int | None = None
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(col).statistics
-        if stats is None or not stats.has_min_max:
-            return None, None
-        lo = int(stats.min) if lo is None else min(lo, int(stats.min))
-        hi = int(stats.max) if hi is None else max(hi, int(stats.max))
-    return lo, hi
-
-
-def _describe(path: Path, event_type: str, rank: int) -> PartFile:
+@functools.lru_cache(maxsize=FOOTER_CACHE)
+def _footer(path: Path, stamp: tuple[int, int, int], event_type: str, run_version: int) -> _Footer:
+    """A part's footer facts, checked against its type (``stamp``: the file's inode, size
+    and mtime, so a file replaced under the same name is read again). The run ids come
+    from the statistics where the writer kept them (merged files), else from the
+    ``run_id`` column; the version from the file's metadata, else its run's."""
     meta = pq.read_metadata(path)
-    if event_type in _KNOWN_TYPES:
-        check_columns(meta, event_type)
-    part = parse_part(path)
-    lo, hi = (part.first, part.last) if part and part.first is not None else _seq_range(meta)
+    raw = (meta.metadata or {}).get(META_SCHEMA_VERSION)
+    version = int(raw) if raw is not None and raw.isdigit() else run_version
+    _check_version(version, path)
+    schema = meta.schema.to_arrow_schema()
+    problem = _columns_problem(schema, event_type, version >= SCHEMA_VERSION)
+    ids = _statistics_run_id(meta)
+    if ids is None and meta.num_rows and problem is None:
+        column = pq.read_table(path, columns=["run_id"]).column("run_id")
+        ids = frozenset(str(v) for v in pc.unique(column).to_pylist())
+    return _Footer(meta.num_rows, version, ids or frozenset(), tuple(schema.names), problem)
+
+
+def _statistics_run_id(meta: pq.FileMetaData) -> frozenset[str] | None:
+    """The one run id every row group's statistics prove (no nulls), else None."""
+    names = meta.schema.names
+    if "run_id" not in names or meta.num_row_groups == 0:
+        return None
+    col = names.index("run_id")
+    found: set[object] = set()
+    for group in range(meta.num_row_groups):
+        stats = meta.row_group(group).column(col).statistics
+        if stats is None or not stats.has_min_max or stats.null_count != 0:
+            return None
+        found.update((stats.min, stats.max))
+    only = found.pop() if len(found) == 1 else None
+    return frozenset({only}) if isinstance(only, str) else None
+
+
+def _columns_problem(schema: pa.Schema, event_type: str, current: bool) -> str | None:
+    """Why a file is not a table of ``event_type`` (None if it is): every column of the
+    type with its type, none other; an older schema version's file may lack some."""
+    expected = event_schema(EVENT_TYPES[event_type])
+    if current and not schema.equals(expected, check_metadata=False):
+        missing = [n for n in expected.names if n not in schema.names]
+        if missing:
+            return f"it lacks column(s) {', '.join(missing)} of {event_type}"
+    for f in schema:
+        index = expected.get_field_index(f.name)
+        if index < 0 and current:
+            return f"column {f.name} is not one of {event_type}"
+        if index >= 0 and not f.type.equals(expected.field(index).type):
+            return f"column {f.name} is {f.type}, not {expected.field(index).type}"
+    if "seq" not in schema.names:
+        return f"no seq column: not a {event_type} table"
+    return None
+
+
+class _Damage(Exception):
+    """A file the reader will not read; the message says why."""
+
+
+def _describe(part: Part, event_type: str, rank: int, run_version: int) -> PartFile:
+    """A live part from its footer; :class:`_Damage` if it is none. FileNotFoundError
+    (merged away since the listing) propagates: the directory is listed again."""
+    try:
+        st = os.stat(part.path)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        footer = _footer(part.path, stamp, event_type, run_version)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
+        raise _Damage(f"unreadable Parquet ({exc})") from None
+    if footer.problem:
+        raise _Damage(footer.problem)
     return PartFile(
-        path=path,
+        path=part.path,
         event_type=event_type,
         rank=rank,
-        rows=meta.num_rows,
-        schema_version=_file_version(meta),
-        seq_min=lo,
-        seq_max=hi,
-        run_id=footer_run_id(meta),
-        columns=tuple(meta.schema.to_arrow_schema().names),
+        rows=footer.rows,
+        first=part.first,
+        last=part.last,
+        run_ids=footer.run_ids,
+        columns=footer.columns,
     )
 
 
-def _part_paths(type_dir: Path) -> Iterable[tuple[int, Path]]:
-    """Every live part of one type directory, with its rank (a merge's superseded
-    inputs skipped, :func:`esper.telemetry.liveness.superseded`)."""
-    for rank_dir in sorted(p for p in type_dir.iterdir() if p.is_dir()):
-        match = _RANK_DIR.match(rank_dir.name)
-        if match is None:
-            continue
-        parts = list_parts(rank_dir)
-        gone = superseded(parts)
-        for part in parts:
-            if part.path not in gone:
-                yield int(match.group(1)), part.path
+def _read_dir(
+    directory: Path, event_type: str, rank: int, version: int
+) -> tuple[list[PartFile], list[tuple[Path, str]]]:
+    """One ``type=<t>/rank=<r>`` directory's parts, and its damaged files with why."""
+    for _ in range(LIST_ATTEMPTS):
+        live, _, strays = list_parts(directory)
+        damage = [(p, "not a part file (part-<first seq>-<last seq>.parquet)") for p in strays]
+        files: list[PartFile] = []
+        try:
+            for part in live:
+                if files and part.first <= files[-1].last:
+                    damage.append((part.path, f"its seq range overlaps {files[-1].path.name}"))
+                    continue
+                try:
+                    files.append(_describe(part, event_type, rank, version))
+                except _Damage as exc:
+                    damage.append((part.path, str(exc)))
+        except FileNotFoundError:
+            continue  # merged away since the listing: list again
+        return files, damage
+    raise CorruptFileError(f"{directory} changed on every read (a live run's merges): read again")
 
 
 def _check_version(version: int | None, where: Path) -> None:
@@ -301,57 +327,49 @@ def _check_version(version: int | None, where: Path) -> None:
             f"{where} was written with telemetry schema version {version}, newer than the "
             f"version this code reads ({SCHEMA_VERSION}); upgrade esper to analyse it"
         )
+    if version is not None and version < OLDEST_SCHEMA_VERSION:
+        raise CorruptFileError(
+            f"{where} was written with telemetry schema version {version}; this version "
+            f"reads {OLDEST_SCHEMA_VERSION}-{SCHEMA_VERSION} (parts named by seq range)"
+        )
 
 
-_Discovered = tuple[dict[str, list[PartFile]], list[SkippedFile], list[str]]
+@dataclass
+class _Discovery:
+    files: dict[str, list[PartFile]] = field(default_factory=dict)
+    skipped: list[SkippedFile] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
 
 
-#: What describing one part file can raise that makes the file unreadable or foreign.
-_UNREADABLE = (OSError, pa.ArrowException, ForeignTableError, UnicodeDecodeError)
-
-
-def _discover(run_dir: Path, tolerant: bool) -> _Discovered:
-    files: dict[str, list[PartFile]] = {}
-    skipped: list[SkippedFile] = []
-    unknown: list[str] = []
-    events_dir = run_dir / EVENTS_DIR
-    if not events_dir.is_dir():
-        return files, skipped, unknown
-    known = set(known_event_types())
-    items = [
-        (event_type_of(type_dir.name), rank, path)  # type=<t> (schema 2) or <t> (schema 1)
-        for type_dir in sorted(p for p in events_dir.iterdir() if p.is_dir())
-        for rank, path in _part_paths(type_dir)
-    ]
-    for event_type, rank, path in items:
-        try:
-            part = _describe(path, event_type, rank)
-        except _UNREADABLE as exc:  # A scribbled footer can surface as bad UTF-8 too.
+def _discover(run_dir: Path, manifests: dict[int, Manifest], tolerant: bool) -> _Discovery:
+    found = _Discovery()
+    for event_type, rank, directory in type_rank_dirs(run_dir):
+        if event_type not in EVENT_TYPES:
+            if event_type not in found.unknown:
+                found.unknown.append(event_type)
+            continue
+        manifest = manifests.get(rank)
+        version = manifest.schema_version if manifest else SCHEMA_VERSION
+        files, damage = _read_dir(directory, event_type, rank, version)
+        for path, reason in damage:
             if not tolerant:
-                raise CorruptFileError(f"corrupt Parquet file {path}: {exc}") from None
-            reason = f"unreadable Parquet ({exc})"
+                raise CorruptFileError(f"corrupt Parquet file {path}: {reason}")
             warnings.warn(f"skipping {path}: {reason}", stacklevel=3)
-            skipped.append(SkippedFile(str(path.relative_to(run_dir)), reason))
-            continue
-        _check_version(part.schema_version, path)
-        if event_type not in known:
-            if event_type not in unknown:
-                unknown.append(event_type)
-            continue
-        files.setdefault(event_type, []).append(part)
-    return files, skipped, unknown
+            found.skipped.append(SkippedFile(path.relative_to(run_dir).as_posix(), reason))
+        if files:
+            found.files.setdefault(event_type, []).extend(files)
+    return found
 
 
 def is_run_dir(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path / EVENTS_DIR).is_dir()
 
 
-def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
+def load_run(path: str | os.PathLike[str]) -> Run:
     """Open one run directory (all ranks); raises a one-line error for user mistakes.
 
-    Footers and manifests are checked here; pages when a scan reads them.
-    ``verify_pages=False`` reads without checking page checksums (tools that poll a live
-    run for a view: ``esper watch``, ``esper runs``).
+    Manifests, footers and the files' agreement with the manifests are checked here;
+    data pages when a scan reads them.
     """
     run_dir = Path(path)
     if not run_dir.exists():
@@ -360,42 +378,35 @@ def load_run(path: str | os.PathLike[str], *, verify_pages: bool = True) -> Run:
         raise RunNotFoundError(
             f"{run_dir} is not a run directory (expected {MANIFEST_NAME} and {EVENTS_DIR}/)"
         )
-    manifests = _read_manifests(run_dir)
-    tolerant = not manifests or any(
-        _parse_status(m.get("status")) not in _CLOSED_STATUSES for m in manifests.values()
-    )
-    files, skipped, unknown = _discover(run_dir, tolerant)
-    if unknown:
+    try:
+        manifests = read_manifests(run_dir)
+    except ManifestError as exc:
+        raise CorruptFileError(str(exc)) from None
+    for rank, manifest in manifests.items():
+        _check_version(manifest.schema_version, manifest_path(run_dir, rank))
+    tolerant = not manifests or any(effective_status(m) not in _CLOSED for m in manifests.values())
+    found = _discover(run_dir, manifests, tolerant)
+    if found.unknown:
         warnings.warn(
-            f"{run_dir}: ignoring event types unknown to this catalogue: {', '.join(unknown)}",
+            f"{run_dir}: ignoring event types unknown to this catalogue: "
+            f"{', '.join(found.unknown)}",
             stacklevel=2,
         )
-    run = Run(
-        path=run_dir,
-        manifests=manifests,
-        files=files,
-        skipped=skipped,
-        unknown_types=unknown,
-        verify=verify_pages,
-    )
+    run = Run(run_dir, manifests, found.files, found.skipped, found.unknown)
     run.degraded = check_run_integrity(run)
     for note in run.degraded:
         warnings.warn(note, stacklevel=2)
     return run
 
 
-def load_runs(path: str | os.PathLike[str], *, verify_pages: bool = True) -> list[Run]:
+def load_runs(path: str | os.PathLike[str]) -> list[Run]:
     """Open every run directory directly under ``path`` (or ``path`` itself if it is one)."""
     root = Path(path)
     if not root.is_dir():
         raise RunNotFoundError(f"directory {root} does not exist")
     if is_run_dir(root):
-        return [load_run(root, verify_pages=verify_pages)]
-    runs = [
-        load_run(p, verify_pages=verify_pages)
-        for p in sorted(root.iterdir())
-        if p.is_dir() and is_run_dir(p)
-    ]
+        return [load_run(root)]
+    runs = [load_run(p) for p in sorted(root.iterdir()) if p.is_dir() and is_run_dir(p)]
     if not runs:
         raise RunNotFoundError(f"no run directories under {root}")
     return runs

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from esper.core.enums import RunStatus
-from esper_analysis.schema import known_event_types
 
 if TYPE_CHECKING:
     from esper_analysis.loader import Run
@@ -34,24 +33,14 @@ class Recovery:
     message: str
 
 
-def as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf in a damaged manifest
-        return None
-
-
 def recovery_of(run: Run) -> Recovery:
     """What a scan of the run recovers: events, last ``seq`` and gaps per rank, files."""
-    frames = [
-        run.scan(t).select("rank", "seq") for t in known_event_types() if run.rows_on_disk(t) > 0
-    ]
     last_seq: dict[int, int] = {}
     gaps: dict[int, int] = {}
     events = 0
-    if frames:
+    if run.files:
         per_rank = (
-            pl.concat(frames)
+            run.scan_envelopes(["rank", "seq"])
             .group_by("rank")
             .agg(
                 n=pl.col("seq").n_unique(),
@@ -66,7 +55,6 @@ def recovery_of(run: Run) -> Recovery:
             gaps[int(rank)] = int(hi) - int(lo) + 1 - int(n)
             events += int(n)
     files_read = tuple(dict.fromkeys(f.name_in(run.path) for fs in run.files.values() for f in fs))
-    manifest_last = {r: as_int(m.get("last_seq")) for r, m in run.manifests.items()}
     seq_text = ", ".join(f"rank {r}: {s}" for r, s in last_seq.items()) or "none"
     message = (
         f"run {run.run_id} is {run.status.value}: recovered {events} events from "
@@ -83,6 +71,6 @@ def recovery_of(run: Run) -> Recovery:
         events=events,
         last_seq=last_seq,
         seq_gaps=gaps,
-        manifest_last_seq={r: v for r, v in manifest_last.items() if v is not None},
+        manifest_last_seq={r: m.last_seq for r, m in run.manifests.items()},
         message=message,
     )

@@ -120,7 +120,7 @@ def run_info(run: Run) -> RunInfo:
     first = rows[0] if rows else {}
     config = _config(first.get("config_json"))
     members = config.get("family", {}).get("members", []) if config else []
-    world = run.manifest.get("world_size")
+    world = run.manifest.world_size if run.manifest is not None else None
 
     def get(key: str) -> Any:
         return first.get(key)
@@ -143,7 +143,11 @@ def run_info(run: Run) -> RunInfo:
         python_version=get("python_version"),
         device=get("device"),
         telemetry_level=get("telemetry_level"),
-        parent_run_id=(get("parent_run_id") or run.manifest.get("parent_run_id") or None),
+        parent_run_id=(
+            get("parent_run_id")
+            or (run.manifest.parent_run_id if run.manifest is not None else "")
+            or None
+        ),
         resumed_from_round=get("resumed_from_round"),
         eval_checkpoint=get("eval_checkpoint"),
     )

@@ -1,22 +1,24 @@
 """``esper watch RUN``: a live terminal view of a run, read from its directory alone.
 
 The view is rebuilt from the manifest and the *closed* Parquet parts on every refresh
-(the writer renames a part into place only when it is complete, and records a
-compaction before replacing its inputs), so the watcher never talks to the trainer or
-its writer; it costs the trainer only the CPU of its reads, and a
-:class:`~esper_analysis.live_reader.RunReader` reads each part once. A part merged
-away between listing and reading is skipped (the merged file carries its rows); any
-other failed read is retried, and the previous view stays on screen meanwhile.
+by the one reader of runs (:func:`esper_analysis.loader.load_run`: the writer renames a
+part into place only when it is complete), so the watcher never talks to the trainer
+or its writer; it costs the trainer only the CPU of its reads: each file's footer is
+read once, and the queries read the current round's rows and the small event types. A
+part merged away between listing and reading fails the read, which is retried; the
+previous view stays on screen meanwhile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 import polars as pl
 import pyarrow as pa
 from rich.console import Console, Group, RenderableType
@@ -26,16 +28,15 @@ from rich.text import Text
 
 from esper.core.enums import RunStatus, SeedStage
 from esper_analysis.errors import CorruptFileError, RunNotFoundError
-from esper_analysis.live_reader import RunReader
-from esper_analysis.loader import is_run_dir
+from esper_analysis.loader import Run, is_run_dir, load_run
 from esper_analysis.tables import plural
 
 #: Longest allowed refresh interval (the issue's bound) and the default.
 MAX_REFRESH_S: Final = 1.0
 #: Poll interval while waiting for a run directory to appear.
 WAIT_POLL_S: Final = 0.2
-#: Reads retried per refresh when a part vanishes mid-read (compaction), and the pause.
-READ_ATTEMPTS: Final = 3
+#: Reads tried per refresh when a part vanishes mid-read (a merge), and the pause.
+READ_ATTEMPTS: Final = 8
 RETRY_PAUSE_S: Final = 0.05
 #: Rounds shown in the reward sparkline, and rollbacks/anomalies listed.
 SPARK_ROUNDS: Final = 60
@@ -90,21 +91,41 @@ def _last(frame: pl.DataFrame) -> dict[str, Any]:
     return frame.row(-1, named=True) if frame.height else {}
 
 
-def _progress(reader: RunReader) -> tuple[int, int, int, float | None]:
-    """(current round, step reached in it, env-steps so far, live EPS of that round)."""
-    rounds = reader.frame("round_started")
-    current = int(rounds["round"].max()) if "round" in rounds.columns and rounds.height else -1  # type: ignore[arg-type]
-    steps = reader.frame("env_step")
-    if "step" not in steps.columns:
-        return current, -1, 0, None
-    now = steps.filter(pl.col("round") == current)
+def _frame(
+    run: Run,
+    event_type: str,
+    *columns: str,
+    current: int | None = None,
+    since: dict[int, int] | None = None,
+) -> pl.DataFrame:
+    """``rank``, ``seq`` and ``columns`` of one type in order (of round ``current``,
+    from the files that reach ``since``, per rank)."""
+    lf = run.scan(event_type, since=since)
+    if current is not None:
+        lf = lf.filter(pl.col("round") == current)
+    return lf.select("rank", "seq", *columns).sort("rank", "seq").collect()
+
+
+def _progress(run: Run) -> tuple[int, int, dict[int, int], int, float | None]:
+    """(current round, step reached in it, where it starts per rank, env-steps so far,
+    live EPS of that round). Only the newest files of the big types are read."""
+    newest = {f.rank: f.first for f in run.files.get("round_started", ())}  # ascending
+    rounds = _frame(run, "round_started", "round", since=newest)
+    current = int(rounds["round"].max()) if rounds.height else -1  # type: ignore[arg-type]
+    starts = dict(rounds.filter(pl.col("round") == current).select("rank", "seq").rows())
+    since = {
+        rank: starts.get(rank, 0) for rank in {f.rank for fs in run.files.values() for f in fs}
+    }
+    env_steps = run.rows_on_disk("env_step")
+    now = _frame(run, "env_step", "step", "ts_ns", current=current, since=since)
     if not now.height:
-        return current, -1, steps.height, None
+        return current, -1, since, env_steps, None
     span = (int(now["ts_ns"].max()) - int(now["ts_ns"].min())) / _NS_PER_S  # type: ignore[arg-type]
-    return current, int(now["step"].max()), steps.height, now.height / span if span else None  # type: ignore[arg-type]
+    eps = now.height / span if span else None
+    return current, int(now["step"].max()), since, env_steps, eps  # type: ignore[arg-type]
 
 
-def _seed_table(reader: RunReader, current: int, n_envs: int) -> pl.DataFrame:
+def _seed_table(run: Run, current: int, since: dict[int, int], n_envs: int) -> pl.DataFrame:
     """Seeds of the current round per env and stage (env x stage counts)."""
     key = ["rank", "env", "seed_id"]
     stages: dict[tuple[Any, ...], str] = {}
@@ -114,10 +135,9 @@ def _seed_table(reader: RunReader, current: int, n_envs: int) -> pl.DataFrame:
         ("seed_fossilized", SeedStage.FOSSILIZED.value),
         ("seed_pruned", SeedStage.PRUNED.value),
     ):
-        frame = reader.frame(event_type)
-        if "round" not in frame.columns:
-            continue
-        for row in frame.filter(pl.col("round") == current).iter_rows(named=True):
+        columns = ("env", "seed_id", "to_stage") if stage is None else ("env", "seed_id")
+        rows = _frame(run, event_type, *columns, current=current, since=since)
+        for row in rows.iter_rows(named=True):
             ended = stages.get(tuple(row[k] for k in key))
             if ended in (SeedStage.FOSSILIZED.value, SeedStage.PRUNED.value):
                 continue  # an ended seed stays ended
@@ -132,11 +152,13 @@ def _seed_table(reader: RunReader, current: int, n_envs: int) -> pl.DataFrame:
     )
 
 
-def _recent(reader: RunReader) -> list[str]:
+def _recent(run: Run) -> list[str]:
     """The latest rollbacks and anomalies, newest last, as one line each."""
     lines: list[tuple[int, str]] = []
-    rollbacks = reader.frame("governor_rollback")
-    for row in rollbacks.tail(RECENT_ROWS).iter_rows(named=True) if rollbacks.width > 2 else ():
+    rollbacks = _frame(
+        run, "governor_rollback", "round", "env", "step", "reason", "loss", "threshold"
+    )
+    for row in rollbacks.tail(RECENT_ROWS).iter_rows(named=True):
         lines.append(
             (
                 int(row["seq"]),
@@ -144,57 +166,53 @@ def _recent(reader: RunReader) -> list[str]:
                 f"{row['reason']} (loss {row['loss']:.3g} > {row['threshold']:.3g})",
             )
         )
-    anomalies = reader.frame("anomaly_detected")
-    for row in anomalies.tail(RECENT_ROWS).iter_rows(named=True) if anomalies.width > 2 else ():
+    anomalies = _frame(run, "anomaly_detected", "round", "env", "kind", "detail")
+    for row in anomalies.tail(RECENT_ROWS).iter_rows(named=True):
         where = f"round {row['round']}" + (f" env {row['env']}" if row["env"] >= 0 else "")
         lines.append((int(row["seq"]), f"anomaly   {where}: {row['kind']} {row['detail']}"))
     return [text for _, text in sorted(lines)[-RECENT_ROWS:]]
 
 
-def snapshot(
-    path: str | Path, *, reader: RunReader | None = None, now_ns: int | None = None
-) -> WatchState:
-    """Read the run directory once (no retry; see :func:`read_state`).
-
-    Pass the same ``reader`` on every refresh: it reads each part file only once.
-    """
-    reader = reader or RunReader(path)
-    reader.refresh()
-    manifests = reader.manifests()
-    manifest = manifests.get(0) or (manifests[min(manifests)] if manifests else {})
-    started = _last(reader.frame("run_started"))
+def snapshot(path: str | Path, *, now_ns: int | None = None) -> WatchState:
+    """Read the run directory once (no retry; see :func:`read_state`)."""
+    with warnings.catch_warnings():  # a live run's skipped parts are noted in the view
+        warnings.simplefilter("ignore")
+        run = load_run(path)
+    manifest = run.manifest
+    started = _last(
+        _frame(run, "run_started", "task", "policy_kind", "n_envs", "episode_length", "rounds")
+    )
     n_envs = int(started.get("n_envs", 0))
-    current, step, env_steps, eps_live = _progress(reader)
-    finished = reader.frame("round_finished")
-    if "round" in finished.columns:
-        finished = finished.unique("round", keep="last").sort("round")
-    end = _last(reader.frame("run_finished"))
-    beat = manifest.get("heartbeat_ns")
+    current, step, since, env_steps, eps_live = _progress(run)
+    finished = _frame(
+        run, "round_finished", "round", "eps", "mean_episode_reward", "mean_final_accuracy"
+    )
+    finished = finished.unique("round", keep="last").sort("round")
+    end = _last(_frame(run, "run_finished", "env_steps", "error"))
     now = time.time_ns() if now_ns is None else now_ns
-    writer = manifest.get("writer")
-    has_rounds = "eps" in finished.columns and finished.height > 0
+    has_rounds = finished.height > 0
     return WatchState(
-        run_id=str(manifest.get("run_id") or Path(path).name),
-        status=reader.status(manifests).value,
+        run_id=run.run_id,
+        status=run.status.value,
         task=str(started.get("task", "?")),
         policy=str(started.get("policy_kind", "?")),
         n_envs=n_envs,
         episode_length=int(started.get("episode_length", 0)),
         rounds_planned=int(started.get("rounds", 0)),
         round=current,
-        rounds_done=finished.height if has_rounds else 0,
+        rounds_done=finished.height,
         step=step,
         env_steps=int(end["env_steps"]) if end else env_steps,
         eps_last=float(finished["eps"][-1]) if has_rounds else None,
         eps_live=eps_live,
-        rewards=[float(v) for v in finished["mean_episode_reward"]] if has_rounds else [],
+        rewards=[float(v) for v in finished["mean_episode_reward"]],
         accuracy_last=float(finished["mean_final_accuracy"][-1]) if has_rounds else None,
-        seeds=_seed_table(reader, current, n_envs),
-        recent=_recent(reader),
-        writer=writer if isinstance(writer, dict) else {},
-        heartbeat_age_s=(now - beat) / _NS_PER_S if isinstance(beat, int) else None,
+        seeds=_seed_table(run, current, since, n_envs),
+        recent=_recent(run),
+        writer=msgspec.structs.asdict(manifest.writer) if manifest else {},
+        heartbeat_age_s=(now - manifest.heartbeat_ns) / _NS_PER_S if manifest else None,
         error=str(end.get("error", "")),
-        note=f"unreadable parts skipped: {len(reader.skipped)}" if reader.skipped else "",
+        note=f"unreadable parts skipped: {len(run.skipped)}" if run.skipped else "",
     )
 
 
@@ -370,18 +388,13 @@ def watch(
         )
 
     wait_for_run(path, wait_s, sleep=sleep, on_wait=waiting)
-    reader = RunReader(path)
-
-    def read(p: str | Path) -> WatchState:
-        return snapshot(p, reader=reader)
-
-    state = read_state(path, read=read)
+    state = read_state(path)
     if once or state.status != RunStatus.RUNNING.value:
         console.print(render(state))
         return state
     with Live(render(state), console=console, auto_refresh=False) as live:
         while state.status == RunStatus.RUNNING.value:
             sleep(refresh_s)
-            state = read_state(path, state, read=read)
+            state = read_state(path, state)
             live.update(render(state), refresh=True)
     return state

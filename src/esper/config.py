@@ -499,6 +499,21 @@ def load_config(path: str | Path) -> Config:
     return config_from_dict(data, source=str(p))
 
 
+def config_hash_of(stored: object) -> str:
+    """The fingerprint of a configuration stored as JSON (a checkpoint's ``config``), so
+    a resume can tell which run wrote it; empty when none is stored."""
+    if not isinstance(stored, str):
+        return ""
+    source = "the checkpoint's stored configuration"
+    try:
+        data = msgspec.json.decode(stored)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be an object")
+    return config_from_dict(data, source=source).fingerprint()
+
+
 def with_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Apply dotted-path overrides (``{"run.n_envs": 4}``) with the same strict checks.
 

@@ -14,7 +14,7 @@ import pytest
 from _analysis_support import Script, emit_run
 
 PRODUCER = Path(__file__).with_name("_analysis_producer.py")
-OLD_SCHEMA_VERSION = 0
+OLD_SCHEMA_VERSION = 3
 #: Columns an "older schema" lacks, per event type (see the older_run fixture).
 OLD_SCHEMA_DROPS = {
     "reward_computed": ["alpha_shock"],

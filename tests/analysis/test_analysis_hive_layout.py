@@ -1,4 +1,6 @@
-"""Schema version 2: hive-style ``events/type=<type>/rank=<r>/``; version-1 runs still read."""
+"""Hive-style ``events/type=<type>/rank=<r>/``, read by polars, DuckDB and esper's own
+reader alike; runs of schema versions 1-2 (before parts were named by seq range) are a
+clear error."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import copy_run, rewrite_part
-from esper_analysis.counts import event_counts
+from esper_analysis.errors import CorruptFileError
 from esper_analysis.loader import load_run
 from esper_analysis.watch import snapshot
 
@@ -49,7 +51,8 @@ def test_new_runs_are_hive_partitioned_on_type_and_rank(scripted_run: Path) -> N
     got = dict(
         lf.filter(pl.col("run_id") == "scripted").group_by("type").len().collect().iter_rows()
     )
-    assert got == {t: n for t, n in load_run(scripted_run).manifest["counts"].items()}
+    manifest = load_run(scripted_run).manifest
+    assert manifest is not None and got == manifest.counts
     assert "hive_partitioning=True" in README.read_text()
 
 
@@ -60,7 +63,8 @@ def test_duckdb_reads_type_as_a_column(scripted_run: Path) -> None:
         f"FROM read_parquet('{scripted_run}/events/**/*.parquet', "
         "hive_partitioning = true, union_by_name = true) GROUP BY type"
     ).fetchall()
-    assert {t: n for t, n, _, _ in rows} == load_run(scripted_run).manifest["counts"]
+    manifest = load_run(scripted_run).manifest
+    assert manifest is not None and {t: n for t, n, _, _ in rows} == manifest.counts
     # seq and ts_ns are delta-encoded in compacted files: DuckDB decodes the same values.
     both = pl.scan_parquet(
         f"{scripted_run}/events/**/*.parquet",
@@ -74,14 +78,12 @@ def test_duckdb_reads_type_as_a_column(scripted_run: Path) -> None:
     }
 
 
-def test_version_1_runs_still_read(scripted_run: Path, tmp_path: Path) -> None:
+def test_version_1_runs_are_a_clear_error(scripted_run: Path, tmp_path: Path) -> None:
     old = _as_version_1(scripted_run, tmp_path / "v1")
     assert not any(p.name.startswith("type=") for p in (old / "events").iterdir())
-    run, new = load_run(old), load_run(scripted_run)
-    assert run.schema_version == 1
-    assert event_counts(run).by_type.equals(event_counts(new).by_type)
-    a, b = snapshot(old), snapshot(scripted_run)
-    assert (a.rounds_done, a.rewards, a.env_steps) == (b.rounds_done, b.rewards, b.env_steps)
+    with pytest.raises(CorruptFileError, match="schema version 1; this version reads 3-4"):
+        load_run(old)
+    assert snapshot(scripted_run).rounds_done == 2
 
 
 def _killed(run: Path) -> Path:
@@ -105,7 +107,8 @@ def test_resuming_cuts_the_tail_and_counts_by_event_type(
     run = load_run(run_dir)
     seqs = pl.concat([run.scan(t).select("seq") for t in run.event_types]).collect()["seq"]
     assert sorted(seqs.to_list()) == list(range(start + 2))  # 0..49, round_started, writer_stats
-    counts = run.manifest["counts"]
+    assert run.manifest is not None
+    counts = run.manifest.counts
     assert not [t for t in counts if t.startswith("type=")]
     assert sum(counts.values()) == start + 2
 

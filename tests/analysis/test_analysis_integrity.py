@@ -23,6 +23,7 @@ from esper_analysis.counts import event_counts
 
 from esper.core.enums import TelemetryLevel
 from esper.telemetry.hub import open_run
+from esper.telemetry.paths import part_name
 
 #: Bytes overwritten per trial, and trials (each a different offset and content).
 SCRIBBLE_BYTES = 100
@@ -55,8 +56,8 @@ def _scribble(path: Path, rng: random.Random) -> None:
 def test_random_bytes_in_a_reward_part_are_an_error_never_changed_totals(
     scripted_run: Path, tmp_path: Path
 ) -> None:
-    """Every page an analysis reads is checked: damage there is exit 2 naming the file;
-    damage in a column the analysis does not read cannot change what it prints."""
+    """Damage in a closed run's (zstd) pages fails polars' decoder: exit 2 naming the
+    file; where it does not, the totals are unchanged (and ``verify`` finds it)."""
     code, clean, _ = _cli("rewards", "--json", str(scripted_run))
     assert code == 0
     errors = 0
@@ -75,16 +76,31 @@ def test_random_bytes_in_a_reward_part_are_an_error_never_changed_totals(
     assert errors >= SCRIBBLE_TRIALS // 2
 
 
+def test_verify_finds_random_bytes_in_any_page(scripted_run: Path, tmp_path: Path) -> None:
+    """``esper analyze verify``: every page of every file read, checksums verified."""
+    code, out, err = _cli("verify", str(scripted_run))
+    assert code == 0, err
+    for trial in range(SCRIBBLE_TRIALS // 3):
+        run_dir = copy_run(scripted_run, tmp_path / f"scribbled{trial}")
+        victim = _only_part(run_dir, random.Random(trial).choice(["env_step", "ppo_update"]))
+        _scribble(victim, random.Random(trial))
+        code, out, err = _cli("verify", "--json", str(run_dir))
+        assert code == 2, f"trial {trial}: rc {code}"
+        assert err.startswith(f"error: damaged pages in {victim}"), err
+        damaged = [f for f in json.loads(out)["files"] if f["damage"]]
+        assert [f["file"] for f in damaged] == [str(victim.relative_to(run_dir))]
+
+
 def test_a_part_copied_from_another_run_is_an_error_naming_file_and_run(
     scripted_run: Path, tmp_path: Path
 ) -> None:
     other, _ = emit_run(tmp_path / "elsewhere", "other")
     run_dir = copy_run(scripted_run, tmp_path / "mixed")
-    foreign = run_dir / "events/type=env_step/rank=0/part-000500.parquet"
-    shutil.copy(_only_part(other, "env_step"), foreign)
+    name = part_name(500, 600)
+    shutil.copy(_only_part(other, "env_step"), run_dir / "events/type=env_step/rank=0" / name)
     code, out, err = _cli("counts", str(run_dir))
     assert code == 2 and out == ""
-    assert "events/type=env_step/rank=0/part-000500.parquet" in err
+    assert f"events/type=env_step/rank=0/{name}" in err
     assert "holds run_id other" in err and "another run" in err
 
 
@@ -94,14 +110,30 @@ def test_a_part_copied_from_a_same_named_run_is_a_count_mismatch(
     """Same run id, other events: caught by the manifest's per-type counts."""
     twin, _ = emit_run(tmp_path / "twin", "scripted", extra=(run_started(),))
     run_dir = copy_run(scripted_run, tmp_path / "scripted")
-    shutil.copy(
-        _only_part(twin, "run_started"),
-        run_dir / "events/type=run_started/rank=0/part-000500.parquet",
-    )
+    name = part_name(500, 500)
+    shutil.copy(_only_part(twin, "run_started"), run_dir / "events/type=run_started/rank=0" / name)
     code, _, err = _cli("counts", str(run_dir))
     assert code == 2
     assert "run_started: manifest counts 1, files hold" in err
-    assert "part-000500.parquet" in err
+    assert name in err
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("part-000500.parquet", "not a part file"), (part_name(10, 200), "seq range overlaps")],
+    ids=["unranged-name", "overlapping-range"],
+)
+def test_a_stray_or_overlapping_part_is_an_error_naming_it(
+    scripted_run: Path, tmp_path: Path, name: str, reason: str
+) -> None:
+    """A closed run's type directory holds its parts only; anything else a hive reader
+    would read (a copy, an older layout's name) is damage, never deduplicated."""
+    run_dir = copy_run(scripted_run, tmp_path / "dup")
+    part = _only_part(run_dir, "action_taken")
+    shutil.copy(part, part.with_name(name))
+    code, out, err = _cli("counts", str(run_dir))
+    assert code == 2 and out == ""
+    assert name in err and reason in err
 
 
 def test_a_deleted_part_of_a_finished_run_is_an_error(scripted_run: Path, tmp_path: Path) -> None:
@@ -155,3 +187,28 @@ def test_a_live_run_reads_clean_while_it_writes(tmp_path: Path) -> None:
     finally:
         hub.close()
     assert load_run(tmp_path / "live").degraded == []
+
+
+def _rename_in_footer(path: Path, old: bytes, new: bytes) -> None:
+    """Flip footer bytes so that a column's name changes (the pages stay intact)."""
+    data = bytearray(path.read_bytes())
+    footer = len(data) - pq.read_metadata(path).serialized_size - TRAILER
+    at = data.index(old, footer)
+    data[at : at + len(old)] = new
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("event_type", "column", "command"),
+    [("round_finished", b"wall_s", "throughput"), ("ppo_update", b"clip_frac", "ppo")],
+)
+def test_a_flipped_footer_byte_that_renames_a_column_is_an_error(
+    scripted_run: Path, tmp_path: Path, event_type: str, column: bytes, command: str
+) -> None:
+    """Issue 48, case 6: the renamed column read as nulls (``—``) with exit 0."""
+    run_dir = copy_run(scripted_run, tmp_path / "flipped")
+    victim = _only_part(run_dir, event_type)
+    _rename_in_footer(victim, column, column[:-1] + b"#")
+    code, out, err = _cli(command, str(run_dir))
+    assert code == 2 and out == "", err
+    assert str(victim) in err and column.decode() in err

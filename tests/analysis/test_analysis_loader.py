@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import polars as pl
@@ -13,7 +12,7 @@ from conftest import OLD_SCHEMA_DROPS, OLD_SCHEMA_VERSION, Crashed, copy_run, re
 from esper_analysis.counts import event_counts
 from esper_analysis.errors import CorruptFileError, NewerSchemaError, RunNotFoundError
 from esper_analysis.loader import load_run, load_runs, scan_runs
-from esper_analysis.schema import event_schema
+from esper_analysis.schema import polars_schema as event_schema
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry.events import SCHEMA_VERSION
@@ -133,17 +132,6 @@ def test_newer_schema_is_a_clear_error(scripted_run: Path, tmp_path: Path) -> No
         load_run(run_dir)
 
 
-def test_duplicated_part_files_are_deduplicated(scripted_run: Path, tmp_path: Path) -> None:
-    run_dir = copy_run(scripted_run, tmp_path / "dup")
-    part = _first_part(run_dir, "action_taken")
-    shutil.copy(part, part.with_name("part-999999.parquet"))
-    run = load_run(run_dir)
-    assert run.rows_on_disk("action_taken") == 2 * load_run(scripted_run).count("action_taken")
-    assert run.needs_dedup("action_taken")
-    assert run.count("action_taken") == load_run(scripted_run).count("action_taken")
-    assert event_counts(run).of("action_taken") == run.count("action_taken")
-
-
 def test_missing_or_non_run_directories_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(RunNotFoundError, match="does not exist"):
         load_run(tmp_path / "nope")
@@ -165,3 +153,23 @@ def test_a_live_run_reads_as_running_with_what_is_flushed(tmp_path: Path) -> Non
     finally:
         hub.close()
     assert load_run(tmp_path / "live").status is RunStatus.FINISHED
+
+
+def test_a_rank_without_a_manifest_is_not_said_to_be_missing_from_the_totals(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: with a rank's manifest missing, the warning said its events were
+    missing from totals that include them."""
+    emit_run(tmp_path, "multi", rank=0)
+    emit_run(tmp_path, "multi", rank=1)
+    (tmp_path / "multi" / "manifest-rank1.json").unlink()
+    manifest = json.loads((tmp_path / "multi" / "manifest.json").read_text())
+    manifest["world_size"] = 3
+    (tmp_path / "multi" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="degraded read"):
+        run = load_run(tmp_path / "multi")
+    assert event_counts(run).by_rank["rank"].unique().sort().to_list() == [0, 1]
+    (no_manifest,) = [n for n in run.degraded if "[1]" in n]
+    assert "have events but no manifest" in no_manifest
+    (missing,) = [n for n in run.degraded if "[2]" in n]
+    assert "have no manifest and no events" in missing

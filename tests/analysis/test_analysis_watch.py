@@ -184,24 +184,18 @@ def test_watch_follows_a_live_training_run_on_a_pty(tmp_path: Path) -> None:
     assert "\x1b[" in output  # a terminal view (cursor control), not plain lines
 
 
-def test_reader_reads_each_part_once(
-    scripted: tuple[Path, Script], monkeypatch: pytest.MonkeyPatch
+def test_a_refresh_reads_only_the_footers_of_new_files(
+    scripted: tuple[Path, Script], tmp_path: Path
 ) -> None:
-    """A refresh costs the new parts only (a live run has up to 128 parts per type)."""
-    import esper_analysis.live_reader as live
+    """The loader keeps each file's footer while the file is unchanged: a view that
+    reloads a live run every second reads only its new files' footers."""
+    from conftest import copy_run
+    from esper_analysis.loader import _footer
 
-    reads: list[Path] = []
-    real = live._read_part
-
-    def counting(path: Path, event_type: str) -> object:
-        reads.append(path)
-        return real(path, event_type)
-
-    monkeypatch.setattr(live, "_read_part", counting)
-    reader = live.RunReader(scripted[0])
-    first = snapshot(scripted[0], reader=reader)
-    assert len(reads) == len(set(reads)) > 0
-    n = len(reads)
-    again = snapshot(scripted[0], reader=reader)
-    assert len(reads) == n
+    run_dir = copy_run(scripted[0], tmp_path / "again")
+    first = snapshot(run_dir)
+    before = _footer.cache_info()
+    again = snapshot(run_dir)
+    after = _footer.cache_info()
+    assert after.misses == before.misses and after.hits > before.hits
     assert again.rewards == first.rewards and again.seeds.equals(first.seeds)

@@ -1,4 +1,5 @@
-"""A full disk while saving the checkpoint: a real ENOSPC from the kernel.
+"""A full disk while saving the checkpoint: a real ENOSPC from the kernel; a full disk
+under the telemetry writer fails the checkpoint.
 
 The checkpoint goes to a tmpfs sized for one checkpoint and a half, mounted in a private
 user + mount namespace (no privileges needed, nothing visible outside the test): the
@@ -10,12 +11,15 @@ not write.
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from _reliability_support import (
     PROCESS_TIMEOUT_S,
@@ -28,7 +32,11 @@ from _reliability_support import (
 )
 from esper_analysis import load_run
 
-from esper.core.enums import RunStatus
+from esper.config import Config, with_overrides
+from esper.core.enums import RunStatus, TelemetryLevel
+from esper.telemetry.hub import open_run
+from esper.telemetry.sink import ParquetSink
+from esper.telemetry.writer import TelemetryWriteError
 
 PAGE = 4096
 #: tmpfs size in checkpoints: one fits, a second beside it (the atomic save) does not.
@@ -98,3 +106,37 @@ def test_disk_full_while_saving_the_checkpoint(tmp_path: Path) -> None:
     finished = rows(run_dir, "run_finished")
     assert "no space left on device" in finished["error"][0]
     assert rows(run_dir, "checkpoint_saved")["next_round"].to_list() == [1]
+
+
+class _FullDiskSink(ParquetSink):
+    """The Parquet sink on a disk that fills up when the first round_finished part is
+    written (the part the checkpoint's flush writes: timed writes are a minute apart)."""
+
+    def write_part(self, table: pa.Table, path: Path) -> int:
+        if path.parent.parent.name == "type=round_finished":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return super().write_part(table, path)
+
+
+def test_a_failed_flush_fails_the_checkpoint(tmp_path: Path) -> None:
+    """Case 4 of issue 48: the checkpoint was still saved after its flush failed, with a
+    seq position past the events on disk, and a continue then finished a run with an
+    event missing."""
+    from esper.training.run import train
+
+    cfg = with_overrides(
+        Config(),
+        {
+            "run.n_envs": 2, "run.rounds": 2, "run.episode_length": 4, "run.run_id": "full",
+            "run.torch_threads": 1, "task.train_samples_per_env": 128, "task.val_samples": 128,
+            "policy.feature_dim": 32, "policy.lstm_hidden": 32, "telemetry.dir": str(tmp_path),
+        },
+    )  # fmt: skip
+    hub = open_run(
+        tmp_path, "full", level=TelemetryLevel.NORMAL, flush_interval_s=60.0,
+        config_hash=cfg.fingerprint(), sink=_FullDiskSink(),
+    )  # fmt: skip
+    ckpt = tmp_path / "full" / "checkpoint.pt"
+    with pytest.raises(TelemetryWriteError, match="No space left on device"):
+        train(cfg, telemetry=hub, save=ckpt)
+    assert not ckpt.exists()

@@ -170,7 +170,7 @@ def test_resume_as_a_new_run_linked_to_its_parent(killed: Killed, tmp_path: Path
     parent, child = runs[parent_id], runs[child_id]
     assert parent.status is RunStatus.CRASHED and parent.recovery is not None
     assert child.status is RunStatus.FINISHED and child.recovery is None
-    assert child.manifest["parent_run_id"] == parent_id
+    assert child.manifest is not None and child.manifest.parent_run_id == parent_id
     started = child.scan("run_started").collect()
     assert started["parent_run_id"].to_list() == [parent_id]
     assert started["resumed_from_round"].to_list() == [next_round]
@@ -210,8 +210,9 @@ def test_resume_continues_the_same_run_and_sequence(
     assert run.status is RunStatus.FINISHED
     seqs = run_seqs(run)
     assert seqs == list(range(len(seqs))), "one gapless sequence across both sessions"
-    resumes = run.manifest["resumes"]
-    assert len(resumes) == 1 and resumes[0]["start_seq"] == seq_position
+    assert run.manifest is not None
+    resumes = run.manifest.resumes
+    assert len(resumes) == 1 and resumes[0].start_seq == seq_position
     # The killed session's partial round was cut: every round appears exactly once.
     for event_type in ("round_started", "round_finished"):
         got = sorted(run.scan(event_type).collect()["round"].to_list())

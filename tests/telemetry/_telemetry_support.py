@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from esper.telemetry import events as ev
 from esper.telemetry.events import ENVELOPE_FIELDS, EVENT_TYPES, Event
-from esper.telemetry.liveness import live_parts
+from esper.telemetry.paths import list_parts
 from esper.telemetry.sink import ParquetSink
 
 INT_BOUND = 2**62
@@ -77,7 +77,7 @@ def read_type(run_dir: Path, tag: str) -> list[dict[str, Any]]:
     """Rows of one event type (all ranks), ordered by (rank, seq), from its live parts."""
     type_dir = run_dir / "events" / f"type={tag}"
     ranks = sorted(type_dir.glob("rank=*")) if type_dir.is_dir() else []
-    parts = [p.path for rank_dir in ranks for p in live_parts(rank_dir)]
+    parts = [p.path for rank_dir in ranks for p in list_parts(rank_dir).live]
     rows = pl.read_parquet(parts).to_dicts() if parts else []
     return sorted(rows, key=lambda r: (r["rank"], r["seq"]))
 
@@ -177,5 +177,7 @@ class SyncRecordingSink(ParquetSink):
 def live_files(run_dir: Path) -> set[Path]:
     """Every live part file of a run (all types and ranks)."""
     return {
-        p.path for rank_dir in run_dir.glob("events/type=*/rank=*") for p in live_parts(rank_dir)
+        p.path
+        for rank_dir in run_dir.glob("events/type=*/rank=*")
+        for p in list_parts(rank_dir).live
     }

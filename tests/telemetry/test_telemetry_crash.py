@@ -1,4 +1,5 @@
-"""A SIGKILLed producer loses at most the last flush interval; exits are recorded."""
+"""A SIGKILLed producer loses at most the last flush interval; exits are recorded, a
+Ctrl-C during the close too."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pytest
 from _telemetry_producer import FLUSH_INTERVAL_S
-from _telemetry_support import all_seqs, read_type
+from _telemetry_support import all_seqs, minimal_event, read_type
 
 from esper.core.enums import RunStatus, TelemetryLevel
+from esper.telemetry import events as ev
 from esper.telemetry.hub import open_run
 from esper.telemetry.manifest import effective_status, read_manifest
 from esper.telemetry.paths import manifest_path
+from esper.telemetry.sink import ParquetSink
 
 PRODUCER = Path(__file__).with_name("_telemetry_producer.py")
 RUN_BEFORE_KILL_S = 4 * FLUSH_INTERVAL_S
@@ -110,3 +116,23 @@ def test_uncaught_exception_is_recorded_as_failed(tmp_path: Path) -> None:
     assert manifest.status == RunStatus.FAILED.value
     assert "producer failed on purpose" in manifest.error
     assert len(read_type(tmp_path / "boom", "env_step")) == 10
+
+
+class _CtrlCDuringCloseSink(ParquetSink):
+    """Presses Ctrl-C (SIGINT to this process) while the close merges."""
+
+    def write_merged(self, tables: Iterable[pa.Table], schema: pa.Schema, path: Path) -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        return super().write_merged(tables, schema, path)
+
+
+def test_a_ctrl_c_during_the_close_is_held_until_the_run_is_closed(tmp_path: Path) -> None:
+    """Issue 48: after a second Ctrl-C (during the close) the CLI said "telemetry
+    flushed" while the manifest stayed ``running``."""
+    hub = open_run(tmp_path, "twice", level=TelemetryLevel.NORMAL, sink=_CtrlCDuringCloseSink())
+    hub.emit(minimal_event(ev.EnvStep, step=0))
+    with pytest.raises(KeyboardInterrupt):
+        hub.close(RunStatus.INTERRUPTED, "interrupted by user (Ctrl-C)")
+    manifest = read_manifest(manifest_path(tmp_path / "twice", 0))
+    assert manifest.status == RunStatus.INTERRUPTED.value
+    assert [r["step"] for r in read_type(tmp_path / "twice", "env_step")] == [0]

@@ -61,7 +61,7 @@ def test_part_names_round_trip() -> None:
     assert name == "part-000000000007-000001234567.parquet"
     part = parse_part(Path(name))
     assert part is not None and (part.first, part.last) == (7, 1234567)
-    legacy = parse_part(Path("part-000001.parquet"))  # schema 1-2 names: no range
-    assert legacy is not None and legacy.first is None
+    assert parse_part(Path("part-000001.parquet")) is None  # schema 1-2 names: no range
+    assert parse_part(Path(part_name(9, 8))) is None
     assert parse_part(Path(f".{name}.tmp")) is None
     assert parse_part(Path("part-1.parquet.bak")) is None

@@ -29,7 +29,6 @@ from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry import events as ev
 from esper.telemetry.events import EVENT_TYPES
 from esper.telemetry.hub import TelemetryHub, open_run
-from esper.telemetry.liveness import live_parts, superseded
 from esper.telemetry.manifest import read_manifest
 from esper.telemetry.paths import list_parts, manifest_path, type_rank_dir
 from esper.telemetry.sink import ParquetSink, read_verified
@@ -198,7 +197,7 @@ def test_every_flush_is_typed_parquet_any_reader_sees(tmp_path: Path) -> None:
         assert {t for t, _ in rows} == {"env_step", "action_taken"}
     hub.close()
     for tag in ("env_step", "action_taken", "writer_stats"):
-        (part,) = list_parts(type_rank_dir(hub.run_dir, tag, 0))
+        (part,) = list_parts(type_rank_dir(hub.run_dir, tag, 0)).live
         assert pq.read_metadata(part.path).row_group(0).column(0).compression == "ZSTD"
     assert sorted(all_seqs(hub.run_dir)) == list(range(7))
 
@@ -225,11 +224,11 @@ def test_merges_during_the_run_keep_every_event_once(tmp_path: Path) -> None:
     for i in range(flushes):
         hub.emit(_step(i))
         hub.flush()
-    assert len(list_parts(directory)) == 2 + 3  # two merged files, three parts
+    assert len(list_parts(directory).live) == 2 + 3  # two merged files, three parts
     assert hub.manifest_counters.compactions >= 2
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(flushes))
     hub.close()
-    assert len(list_parts(directory)) == 1
+    assert len(list_parts(directory).live) == 1
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == list(range(flushes))
 
 
@@ -242,16 +241,17 @@ def test_a_crash_between_a_merge_and_its_deletes_duplicates_nothing(tmp_path: Pa
         hub.close()
     assert hub.run_dir is not None
     directory = type_rank_dir(hub.run_dir, "env_step", 0)
-    parts = list_parts(directory)
-    assert len(parts) == 4  # three inputs + the merged output, all complete
-    merged = max(parts, key=lambda p: (p.last or 0) - (p.first or 0))
-    assert superseded(parts) == {p.path for p in parts} - {merged.path}
-    assert [p.path for p in live_parts(directory)] == [merged.path]
+    live, superseded, strays = list_parts(directory)
+    assert len(live + superseded) == 4  # three inputs + the merged output, all complete
+    assert [(p.first, p.last) for p in live] == [(0, 2)] and not strays
+    assert sorted((p.first, p.last) for p in superseded) == [(0, 0), (1, 1), (2, 2)]
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
 
 
-def _ranges(directory: Path) -> list[tuple[int | None, int | None]]:
-    return [(p.first, p.last) for p in list_parts(directory)]
+def _ranges(directory: Path) -> list[tuple[int, int]]:
+    """Every part's range, superseded ones included."""
+    live, superseded, _ = list_parts(directory)
+    return sorted((p.first, p.last) for p in live + superseded)
 
 
 def test_a_checkpoint_flush_takes_in_the_parts_written_since_the_last_fsync(
@@ -300,7 +300,7 @@ def test_a_crash_before_a_checkpoint_flush_deletes_what_it_took_in_loses_nothing
         hub.flush()
     directory = type_rank_dir(hub.run_dir, "env_step", 0)
     assert _ranges(directory) == [(0, 1), (0, 2)]
-    assert [(p.first, p.last) for p in live_parts(directory)] == [(0, 2)]
+    assert [(p.first, p.last) for p in list_parts(directory).live] == [(0, 2)]
     assert [r["step"] for r in read_type(hub.run_dir, "env_step")] == [0, 1, 2]
     with pytest.raises(TelemetryWriteError):
         hub.close()

@@ -1,9 +1,10 @@
 """The checkpoint and its ``checkpoint_saved`` event go together, even when interrupted.
 
 A Ctrl-C that lands while the hub is flushing before a save used to leave a checkpoint on
-disk with no event for it: the flush's interrupt was re-raised before the event was
-emitted, so the run's last ``checkpoint_saved`` named an older checkpoint than the one
-that resumes it (``test_ctrl_c_flushes_checkpoints_and_exits_130`` caught it under load).
+disk with no event for it (``test_ctrl_c_flushes_checkpoints_and_exits_130`` caught it
+under load). A flush that did not complete now fails the checkpoint (it would point past
+events not yet durable, issue 48): neither is written, and the round stays pending
+until the way out saves it, flush first.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ from esper.training.run import CheckpointLedger, _Saver
 
 
 class _InterruptedFlushHub(MemoryHub):
-    """A hub whose flush is interrupted (Ctrl-C while it waits for the writer)."""
+    """A hub whose first flush is interrupted (Ctrl-C while it waits for the writer)."""
+
+    flushes = 0
 
     def flush(self) -> None:
-        raise KeyboardInterrupt
+        self.flushes += 1
+        if self.flushes == 1:
+            raise KeyboardInterrupt
 
 
 class _Learner:
@@ -34,7 +39,9 @@ class _Learner:
         return {"round": 1}
 
 
-def test_an_interrupted_flush_still_records_the_checkpoint_it_saved(tmp_path: Path) -> None:
+def test_an_interrupted_flush_fails_the_checkpoint_until_the_way_out_saves_it(
+    tmp_path: Path,
+) -> None:
     cfg = Config()
     hub = _InterruptedFlushHub("saver", level=TelemetryLevel.LIFECYCLE)
     ledger = CheckpointLedger()
@@ -42,6 +49,9 @@ def test_an_interrupted_flush_still_records_the_checkpoint_it_saved(tmp_path: Pa
     saver = _Saver(cfg, _Learner(), Recorder(hub, reward_family="contribution"), path, ledger)  # type: ignore[arg-type]
     with pytest.raises(KeyboardInterrupt):
         saver.round_completed(1, save_now=True, rollbacks=0)
+    assert not path.exists() and ledger.path is None
+    assert not [e for e in hub.events if isinstance(e, CheckpointSaved)]
+    saver.save_pending_quietly()  # the run's way out: flushed, then saved
     saved = [e for e in hub.events if isinstance(e, CheckpointSaved)]
     assert path.exists() and ledger.path == path and ledger.next_round == 1
     assert [(e.next_round, e.seq_position) for e in saved] == [(1, 0)]

@@ -164,7 +164,7 @@ def _checkpoint_note(ledger: CheckpointLedger, *, said: str = "") -> str:
     if ledger.save_error and ledger.save_error not in said:
         failed = f"saving a checkpoint failed ({ledger.save_error}); "
     if ledger.path is None:
-        return f"{failed}no round completed, so there is no checkpoint to resume from"
+        return f"{failed}no checkpoint was written, so there is none to resume from"
     return (
         f"{failed}the last good checkpoint is {ledger.path} "
         f"(resumes at round {ledger.next_round}: --resume {ledger.path})"

@@ -94,7 +94,7 @@ def run_demo(
     with hub:
         emit_demo(hub, settings, started)
     counts: dict[str, int] = {}
-    for manifest in read_manifests(run_dir) if run_dir.exists() else []:
+    for manifest in read_manifests(run_dir).values() if run_dir.exists() else []:
         for tag, n in manifest.counts.items():
             counts[tag] = counts.get(tag, 0) + n
     return DemoResult(

@@ -15,11 +15,13 @@ all) and :class:`MemoryHub` (keeps stamped events in a list, for tests).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -324,10 +326,17 @@ class TelemetryHub(StampingHub):
         """Flush, record a final ``writer_stats`` event, merge, write the final manifest.
 
         Idempotent. Raises :class:`TelemetryWriteError` if the writer failed at any
-        point (the manifest then says ``failed`` if it can still be written).
+        point (the manifest then says ``failed`` if it can still be written). A Ctrl-C
+        during the close (a second one, after the one that ends the run) is held until
+        the close is done, then raised: cut short, the close would leave the run
+        reading as crashed.
         """
         if self._closed:
             return
+        with _interrupts_held():
+            self._close(status, error)
+
+    def _close(self, status: RunStatus, error: str) -> None:
         writer = self._writer
         failure: TelemetryWriteError | None = None
         try:
@@ -352,6 +361,23 @@ class TelemetryHub(StampingHub):
         failure = failure or writer.error
         if failure is not None:
             raise failure
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT (main thread only) held while the block runs, then raised once."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 class NullHub(StampingHub):
@@ -449,11 +475,15 @@ def open_run(
     sink: PartSink | None = None,
     world_size: int = 1,
     replace: bool = False,
+    checkpoint_hash: str = "",
 ) -> Hub:
     """Open the telemetry of one run and rank; level ``off`` returns a :class:`NullHub`.
 
     ``resume=True`` continues an existing run: ``seq`` restarts at ``start_seq`` (the
-    checkpoint's ``next_seq``) and events the old session wrote from there on are cut.
+    checkpoint's ``next_seq``) and events the old session wrote from there on are cut,
+    once the run is checked (:func:`esper.telemetry.resume.prepare_resume`;
+    ``checkpoint_hash``, the config hash the checkpoint was written with, must be one
+    of the run's sessions').
     ``sink`` replaces the Parquet sink (tests inject slow or failing ones).
     ``world_size`` (ranks of a multi-process run) is recorded in a new run's manifest.
     ``replace=True`` discards this rank's telemetry first (the trainer's restart of a
@@ -475,6 +505,7 @@ def open_run(
             manifest = prepare_resume(
                 run_dir, run_id=run_id, rank=rank, start_seq=start_seq, level=_level_name(level),
                 flush_interval_s=flush_interval_s, config_hash=config_hash, sink=sink,
+                checkpoint_hash=checkpoint_hash,
             )  # fmt: skip
         else:
             manifest = new_manifest(

@@ -4,7 +4,7 @@ The writer rewrites it after every write of parts (tmp file + ``os.replace``), s
 reader always sees a complete manifest whose counts describe parts already on disk (the
 parts may hold newer events: ``seq > last_seq``). Its ``heartbeat_ns`` advances while the
 producer lives; a ``running`` manifest with a stale heartbeat or a dead pid belongs to a
-killed run (:func:`esper.telemetry.liveness.manifest_status`).
+killed run (:func:`effective_status`, the one status rule of the writer and the readers).
 """
 
 from __future__ import annotations
@@ -13,12 +13,23 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
 from esper.core.enums import RunStatus
-from esper.telemetry.liveness import manifest_status
+from esper.errors import UserError
 from esper.telemetry.paths import manifest_paths, tmp_path_for
+
+#: A ``running`` manifest whose heartbeat is older than this many flush intervals
+#: (and at least :data:`MIN_STALE_S`) belongs to a dead producer.
+STALE_INTERVALS: Final = 10
+MIN_STALE_S: Final = 5.0
+NS_PER_S: Final = 1_000_000_000
+
+
+class ManifestError(UserError):
+    """A manifest that cannot be read or decoded; the message names the file."""
 
 
 class WriterCounters(msgspec.Struct, kw_only=True):
@@ -107,6 +118,7 @@ def new_manifest(
 
 
 _encoder = msgspec.json.Encoder(order="sorted")
+_decoder = msgspec.json.Decoder(Manifest)
 
 
 def write_manifest(path: Path, manifest: Manifest) -> None:
@@ -117,16 +129,44 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(path: Path) -> Manifest:
-    return msgspec.json.decode(path.read_bytes(), type=Manifest)
+    try:
+        return _decoder.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError
+        raise ManifestError(f"cannot read manifest {path}: {exc}") from None
 
 
-def read_manifests(run_dir: Path) -> list[Manifest]:
-    """The manifests of all ranks of a run (an empty list if none was written yet)."""
-    return [read_manifest(p) for p in manifest_paths(run_dir)]
+def read_manifests(run_dir: Path) -> dict[int, Manifest]:
+    """The manifests of all ranks of a run, by rank (empty if none was written yet)."""
+    return {rank: read_manifest(path) for rank, path in manifest_paths(run_dir).items()}
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (signal 0 probes only)."""
+    if pid <= 0:  # 0 and negative numbers name process groups, not a process
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone; a number no pid can be
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def effective_status(manifest: Manifest, *, now_ns: int | None = None) -> RunStatus:
-    """The manifest status, with a stale ``running`` reported as ``crashed``."""
-    status = manifest_status(msgspec.structs.asdict(manifest), now_ns=now_ns)
-    assert status is not None  # a Manifest's status is always one of RunStatus
-    return status
+    """The manifest's status, with a ``running`` one of a dead producer as ``crashed``:
+    its pid is gone (same host), or its heartbeat is older than
+    ``max(MIN_STALE_S, STALE_INTERVALS * flush_interval_s)``. A status that is none
+    (a damaged manifest) reads as ``crashed`` too."""
+    try:
+        status = RunStatus(manifest.status.lower())
+    except ValueError:
+        return RunStatus.CRASHED
+    if status is not RunStatus.RUNNING:
+        return status
+    if manifest.hostname == socket.gethostname() and not pid_alive(manifest.pid):
+        return RunStatus.CRASHED
+    flush_s = manifest.flush_interval_s if manifest.flush_interval_s > 0 else 1.0
+    stale_ns = max(MIN_STALE_S, STALE_INTERVALS * flush_s) * NS_PER_S
+    now = time.time_ns() if now_ns is None else now_ns
+    return RunStatus.CRASHED if now - manifest.heartbeat_ns > stale_ns else RunStatus.RUNNING

@@ -10,9 +10,9 @@ A part is named by the first and last ``seq`` it holds. Parts of one type and ra
 disjoint ``seq`` ranges, except for a moment during a merge: its output is renamed into
 place before its inputs are deleted, so a crash in between leaves the output beside
 inputs whose ranges lie inside it; one rule settles that case, for the writer (at
-resume) and every reader alike (:func:`esper.telemetry.liveness.superseded`). Runs
-written before schema version 3 name parts ``part-<n>.parquet`` (no range); readers fall
-back to their footers.
+resume) and every reader alike (:func:`list_parts`). Any other ``*.parquet`` file there
+is damage (runs before schema version 3, which named parts ``part-<n>.parquet``, are
+no longer read).
 
 A run id becomes a directory name, so it is validated before anything touches the disk:
 no separators, no ``..``, no absolute paths, and the resolved directory (symlinks
@@ -25,21 +25,23 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from esper.errors import UserError
 
 RUN_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 EVENTS_DIR: Final = "events"
-#: Prefix of the event-type directories since schema version 2 (hive partitioning).
+#: Prefix of the event-type directories (hive partitioning).
 TYPE_DIR_PREFIX: Final = "type="
+RANK_DIR_PREFIX: Final = "rank="
 MANIFEST_NAME: Final = "manifest.json"
 #: Zero padding of the seq numbers in part names, so lexical order is seq order.
 SEQ_DIGITS: Final = 12
 #: In-progress files start with a dot: hive readers (and our own globs) skip them.
 TMP_PREFIX: Final = "."
 TMP_SUFFIX: Final = ".tmp"
-_PART_RE: Final = re.compile(r"part-(\d+)(?:-(\d+))?\.parquet")
+_PART_RE: Final = re.compile(r"part-(\d+)-(\d+)\.parquet")
+_RANK_MANIFEST_RE: Final = re.compile(r"manifest-rank(\d+)\.json")
 
 
 def validate_run_id(run_id: str) -> str:
@@ -77,11 +79,14 @@ def manifest_path(run_dir: Path, rank: int) -> Path:
     return run_dir / f"manifest-rank{rank}.json"
 
 
-def manifest_paths(run_dir: Path) -> list[Path]:
-    """Manifests of every rank present in ``run_dir`` (rank 0 first)."""
-    found = [run_dir / MANIFEST_NAME] if (run_dir / MANIFEST_NAME).is_file() else []
-    found.extend(sorted(run_dir.glob("manifest-rank*.json")))
-    return found
+def manifest_paths(run_dir: Path) -> dict[int, Path]:
+    """Manifests of every rank present in ``run_dir``, by rank (from the file name)."""
+    found = {0: run_dir / MANIFEST_NAME} if (run_dir / MANIFEST_NAME).is_file() else {}
+    for path in run_dir.glob("manifest-rank*.json"):
+        match = _RANK_MANIFEST_RE.fullmatch(path.name)
+        if match is not None:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
 
 
 def type_dir_name(event_type: str) -> str:
@@ -89,13 +94,20 @@ def type_dir_name(event_type: str) -> str:
     return f"{TYPE_DIR_PREFIX}{event_type}"
 
 
-def event_type_of(dir_name: str) -> str:
-    """The event type a directory under ``events/`` holds (either layout)."""
-    return dir_name.removeprefix(TYPE_DIR_PREFIX)
-
-
 def type_rank_dir(run_dir: Path, event_type: str, rank: int) -> Path:
-    return run_dir / EVENTS_DIR / type_dir_name(event_type) / f"rank={rank}"
+    return run_dir / EVENTS_DIR / type_dir_name(event_type) / f"{RANK_DIR_PREFIX}{rank}"
+
+
+def type_rank_dirs(run_dir: Path) -> list[tuple[str, int, Path]]:
+    """Every ``events/type=<t>/rank=<r>`` directory of a run, as (type, rank, path)."""
+    events = run_dir / EVENTS_DIR
+    found = []
+    for type_dir in sorted(events.glob(f"{TYPE_DIR_PREFIX}*")):
+        for rank_dir in sorted(type_dir.glob(f"{RANK_DIR_PREFIX}*")):
+            rank = rank_dir.name.removeprefix(RANK_DIR_PREFIX)
+            if rank.isdigit() and rank_dir.is_dir():
+                found.append((type_dir.name.removeprefix(TYPE_DIR_PREFIX), int(rank), rank_dir))
+    return found
 
 
 def part_name(first_seq: int, last_seq: int) -> str:
@@ -105,25 +117,31 @@ def part_name(first_seq: int, last_seq: int) -> str:
 
 @dataclass(frozen=True)
 class Part:
-    """A closed part file and the ``seq`` range its name states (None: a legacy name)."""
+    """A closed part file and the ``seq`` range its name states."""
 
     path: Path
-    first: int | None
-    last: int | None
+    first: int
+    last: int
+
+
+class Listing(NamedTuple):
+    """What one ``type=<t>/rank=<r>`` directory holds, for the writer and every reader."""
+
+    #: The parts to read, in ``seq`` order (disjoint ranges in an undamaged run).
+    live: list[Part]
+    #: Parts whose range lies inside a live part's: a merge's inputs a crash left behind.
+    superseded: list[Part]
+    #: Other ``*.parquet`` files a hive reader would read (not part names): damage.
+    strays: list[Path]
 
 
 def parse_part(path: Path) -> Part | None:
-    """The part a file name describes: any ``*.parquet`` a hive reader would read (not
-    ``.``- or ``_``-prefixed: tmp files are not), with the range its name states (None
-    for other names), or None for anything else."""
-    name = path.name
-    if not name.endswith(".parquet") or name.startswith((TMP_PREFIX, "_")):
+    """The part a file name describes (``part-<first>-<last>.parquet``), else None."""
+    match = _PART_RE.fullmatch(path.name)
+    if match is None:
         return None
-    match = _PART_RE.fullmatch(name)
-    if match is None or match.group(2) is None:
-        return Part(path, None, None)
     first, last = int(match.group(1)), int(match.group(2))
-    return Part(path, first, last) if first <= last else Part(path, None, None)
+    return Part(path, first, last) if first <= last else None
 
 
 def tmp_path_for(path: Path) -> Path:
@@ -131,10 +149,27 @@ def tmp_path_for(path: Path) -> Path:
     return path.with_name(f"{TMP_PREFIX}{path.name}{TMP_SUFFIX}")
 
 
-def list_parts(directory: Path) -> list[Part]:
-    """Every closed part file in one ``type=<t>/rank=<r>`` directory, in ``seq`` order
-    (legacy names by name), superseded ones included."""
+def list_parts(directory: Path) -> Listing:
+    """One directory's files, the superseded-part rule applied: a part whose range lies
+    inside another part's range is not live (a merge renames its output into place
+    before it deletes its inputs; a resume's cut writes inside its input's range)."""
     if not directory.is_dir():
-        return []
-    found = [p for entry in directory.iterdir() if (p := parse_part(entry)) is not None]
-    return sorted(found, key=lambda p: (p.first is not None, p.first or 0, p.path.name))
+        return Listing([], [], [])
+    parts: list[Part] = []
+    strays: list[Path] = []
+    for entry in directory.iterdir():
+        if entry.name.endswith(".parquet") and not entry.name.startswith((TMP_PREFIX, "_")):
+            part = parse_part(entry)
+            if part is None:
+                strays.append(entry)
+            else:
+                parts.append(part)
+    live: list[Part] = []
+    superseded: list[Part] = []
+    # By first seq; of equal firsts, the largest range first.
+    for part in sorted(parts, key=lambda p: (p.first, -p.last)):
+        if live and part.last <= live[-1].last:
+            superseded.append(part)
+        else:
+            live.append(part)
+    return Listing(live, superseded, sorted(strays))

@@ -1,12 +1,17 @@
 """Preparing a run directory for a new run, or for resuming an existing one.
 
-A resumed run restarts ``seq`` at the checkpoint's position (``start_seq``). Events the
-dead session wrote from that position on are re-emitted by the resumed one, so they are
-cut first; then each type's parts become one merged (zstd) file, and ``seq`` continues
-without gaps or duplicates across both sessions. Both steps are crash-safe by the
-superseded-part rule (:mod:`esper.telemetry.liveness`): a cut writes a part inside its
-input's range (if the input survives a crash, it wins and the next resume cuts again),
-a merge writes a part around its inputs' ranges (if they survive, it wins).
+A resumed run restarts ``seq`` at the checkpoint's position (``start_seq``). Nothing is
+changed before the run is checked: the manifest is this run's and schema version's,
+the checkpoint was written by one of its sessions' configs, every file of the rank is
+a readable part of this run (run id in the data, not the name) and ``seq`` is
+contiguous from the run's first event to ``start_seq``
+(:func:`_check_run_files`); any failure is a :class:`ResumeRefusedError` (exit 2) naming
+the file or the gap. Events the dead session wrote from ``start_seq`` on are re-emitted
+by the resumed one, so they are cut, and ``seq`` continues without gaps or duplicates
+across both sessions; the files kept stay as they are until the close merges each type
+into one. The cut is crash-safe by the superseded-part rule
+(:func:`esper.telemetry.paths.list_parts`): it writes a part inside its input's range
+(if the input survives a crash, it wins and the next resume cuts again).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -23,10 +30,10 @@ from esper.core.enums import RunStatus
 from esper.errors import UserError
 from esper.telemetry.arrow_schema import event_schema
 from esper.telemetry.events import EVENT_TYPES, SCHEMA_VERSION
-from esper.telemetry.liveness import superseded
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import (
     Manifest,
+    ManifestError,
     ResumeRecord,
     effective_status,
     read_manifest,
@@ -35,26 +42,33 @@ from esper.telemetry.manifest import (
 from esper.telemetry.paths import (
     TMP_PREFIX,
     TMP_SUFFIX,
+    Listing,
     Part,
     list_parts,
     manifest_path,
     part_name,
     type_rank_dir,
 )
-from esper.telemetry.sink import PartSink, read_verified
+from esper.telemetry.sink import PartSink
 
 
 def check_new_run_dir(
-    run_dir: Path, *, run_id: str, rank: int = 0, checkpoint: Path | None = None
+    run_dir: Path,
+    *,
+    run_id: str,
+    rank: int = 0,
+    checkpoint: Path | None = None,
+    config_hash: str = "",
 ) -> bool:
     """Refuse, before any expensive work, a run directory a new run cannot use.
 
     Called by the trainer before it loads data, so a reused run id or an unwritable
     telemetry directory is reported in a second rather than after the dataset is read.
     A run another live process writes is refused naming that process. Returns True
-    when the id holds a run that stopped before it completed a round (no ``checkpoint``
-    file, no finished episode, not finished): the new run replaces it, since nothing
-    complete is lost (``open_run(..., replace=True)``).
+    when the id holds a run that stopped without a ``checkpoint`` file (nothing can
+    continue it) and that either completed no round or was written with this
+    ``config_hash`` (the same command: the restart writes the same events again): the
+    new run replaces it (``open_run(..., replace=True)``).
     """
     owner = run_lock_owner(run_dir, rank=rank)
     if owner is not None:
@@ -63,29 +77,43 @@ def check_new_run_dir(
             "choose another run id"
         )
     if checkpoint is not None and has_telemetry(run_dir, rank):
-        if not checkpoint.exists() and _never_completed(run_dir, rank):
-            return True
         if checkpoint.exists():
             raise UserError(
                 f"run {run_id!r} already has telemetry for rank {rank} in {run_dir}; choose "
                 f"another run id (--run-id), or continue it with --resume {checkpoint} "
                 "--continue-run"
             )
+        restart = _restartable(run_dir, rank, config_hash)
+        if restart is None:
+            raise UserError(
+                f"run {run_id!r} already has telemetry for rank {rank} in {run_dir}, of "
+                f"another configuration, and no checkpoint to continue from ({checkpoint}); "
+                f"choose another run id (--run-id), or delete {run_dir} to start it again"
+            )
+        if restart:
+            return True
     _check_unused(run_dir, run_id=run_id, rank=rank)
     return False
 
 
-def _never_completed(run_dir: Path, rank: int) -> bool:
-    """Whether the rank's telemetry shows a run that completed no round and did not
-    finish (its manifest readable)."""
+def _restartable(run_dir: Path, rank: int, config_hash: str) -> bool | None:
+    """For a rank with telemetry and no checkpoint: True when a new run may replace it
+    (it stopped, and completed no round or had this config), None when only its config
+    differs, False otherwise (finished, live, or its manifest unreadable)."""
     try:
         manifest = read_manifest(manifest_path(run_dir, rank))
-    except (OSError, ValueError):
+    except ManifestError:
         return False
-    return (
-        effective_status(manifest) is not RunStatus.FINISHED
-        and manifest.counts.get("episode_finished", 0) == 0
-    )
+    if effective_status(manifest) in (RunStatus.FINISHED, RunStatus.RUNNING):
+        return False
+    if manifest.counts.get("episode_finished", 0) == 0 or config_hash in session_hashes(manifest):
+        return True
+    return None
+
+
+def session_hashes(manifest: Manifest) -> list[str]:
+    """The config hashes of the run's sessions: the first one's and each resume's."""
+    return [manifest.config_hash, *(r.config_hash for r in manifest.resumes)]
 
 
 def check_resumable(run_dir: Path, *, run_id: str, rank: int) -> RunStatus:
@@ -121,9 +149,9 @@ def _resumable_manifest(run_dir: Path, *, run_id: str, rank: int) -> Manifest:
 
 
 def has_telemetry(run_dir: Path, rank: int) -> bool:
-    """Whether ``rank`` of the run already wrote a manifest or a part."""
+    """Whether ``rank`` of the run already wrote a manifest or a Parquet file."""
     return manifest_path(run_dir, rank).exists() or any(
-        list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES
+        any(list_parts(type_rank_dir(run_dir, tag, rank))) for tag in EVENT_TYPES
     )
 
 
@@ -150,8 +178,9 @@ def prepare_new(run_dir: Path, manifest: Manifest, *, replace: bool = False) -> 
     """
     if replace:
         for tag in EVENT_TYPES:
-            for part in list_parts(type_rank_dir(run_dir, tag, manifest.rank)):
-                part.path.unlink()
+            live, superseded, strays = list_parts(type_rank_dir(run_dir, tag, manifest.rank))
+            for path in [*(p.path for p in live + superseded), *strays]:
+                path.unlink()
         manifest_path(run_dir, manifest.rank).unlink(missing_ok=True)
     _check_unused(run_dir, run_id=manifest.run_id, rank=manifest.rank)
     try:
@@ -171,29 +200,40 @@ def prepare_resume(
     flush_interval_s: float,
     config_hash: str,
     sink: PartSink,
+    checkpoint_hash: str = "",
 ) -> Manifest:
-    """Load the run's manifest, settle what a crash left, cut at ``start_seq``, merge.
+    """Check the run (:func:`_check_run_files`), then settle what a crash left and cut
+    at ``start_seq``. ``checkpoint_hash``: the config hash the checkpoint was
+    written with, which must be one of the run's sessions' (empty: not checked).
 
     The caller holds the run's writer lock (:func:`esper.telemetry.hub.open_run`).
     """
     path = manifest_path(run_dir, rank)
     manifest = _resumable_manifest(run_dir, run_id=run_id, rank=rank)
+    listings = {tag: list_parts(type_rank_dir(run_dir, tag, rank)) for tag in EVENT_TYPES}
+    try:
+        if checkpoint_hash and checkpoint_hash not in session_hashes(manifest):
+            raise _Refusal(
+                f"the checkpoint was written with config {checkpoint_hash}, this run's sessions "
+                f"with {', '.join(dict.fromkeys(session_hashes(manifest)))} (another run of "
+                "this id)"
+            )
+        counts, truncated = _check_run_files(run_dir, manifest, listings, start_seq)
+    except _Refusal as exc:
+        raise ResumeRefusedError(
+            f"cannot continue run {run_id!r} (rank {rank}) in {run_dir}: {exc}; nothing was "
+            "changed (drop --continue-run to start a new run linked to the checkpoint)"
+        ) from None
     # Owned by this process from here on: a crash while the tail is cut (its counts
     # are stale until it is done) reads as a crashed run, not as a closed one.
     manifest.status = RunStatus.RUNNING.value
     manifest.pid = os.getpid()
     manifest.hostname = socket.gethostname()
     write_manifest(path, manifest)
-    truncated = 0
-    counts: dict[str, int] = {}
     kept: list[Path] = []
-    for tag in EVENT_TYPES:
-        cut, rows, files = _resume_type(type_rank_dir(run_dir, tag, rank), tag, start_seq, sink)
-        truncated += cut
-        kept += files
-        if rows:
-            counts[tag] = rows
-    manifest.counts = counts
+    for tag, listing in listings.items():
+        kept += _cut(type_rank_dir(run_dir, tag, rank), listing, tag, start_seq, sink)
+    manifest.counts = {tag: n for tag, n in counts.items() if n}
     manifest.resumes.append(
         ResumeRecord(
             start_seq=start_seq,
@@ -213,51 +253,99 @@ def prepare_resume(
     return manifest
 
 
-def _resume_type(
-    directory: Path, tag: str, start_seq: int, sink: PartSink
-) -> tuple[int, int, list[Path]]:
-    """One type of one rank: drop leftovers, cut at ``start_seq``, merge into one file.
-    Returns (events cut, events kept, the files that keep them)."""
+class ResumeRefusedError(UserError):
+    """The run cannot be continued from the checkpoint; nothing was changed (exit 2)."""
+
+
+class _Refusal(Exception):
+    """Why :func:`_check_run_files` refuses (the caller names the run)."""
+
+
+def _check_run_files(
+    run_dir: Path, manifest: Manifest, listings: dict[str, Listing], start_seq: int
+) -> tuple[dict[str, int], int]:
+    """Raise :class:`_Refusal` unless every Parquet file of the rank is a part of this
+    run, read in full with every page's checksum verified (its columns its type's, the
+    run id in its data the manifest's, its ``seq`` the range its name states), and the
+    live parts hold every ``seq`` from the run's first event up to ``start_seq`` once.
+    Returns the events before ``start_seq`` per type, and the number from it on."""
+    first = manifest.first_seq
+    if start_seq < first:
+        raise _Refusal(f"the checkpoint's seq {start_seq} lies before the run's first, {first}")
+    seen = np.zeros(start_seq - first, dtype=np.bool_)
+    counts = dict.fromkeys(listings, 0)
+    after = 0
+    for tag, (live, superseded, strays) in listings.items():
+        if strays:
+            raise _Refusal(f"{strays[0].relative_to(run_dir)} is not a part file")
+        for part in superseded:  # deleted next, so checked first
+            _checked_seq(run_dir, manifest.run_id, part, tag)
+        for part in live:
+            seq = _checked_seq(run_dir, manifest.run_id, part, tag)
+            offsets = seq[seq < start_seq] - first
+            counts[tag] += offsets.size
+            after += seq.size - offsets.size
+            where = part.path.relative_to(run_dir)
+            if offsets.size and int(offsets[0]) < 0:
+                raise _Refusal(f"{where} holds events before the run's first seq, {first}")
+            if not bool(np.all(np.diff(offsets) > 0)) or bool(seen[offsets].any()):
+                raise _Refusal(f"{where} repeats events")
+            seen[offsets] = True
+    missing = np.flatnonzero(~seen)
+    if missing.size:
+        lo = int(missing[0])
+        hi = lo + int(np.argmax(seen[lo:])) - 1 if seen[lo:].any() else seen.size - 1
+        raise _Refusal(
+            f"{missing.size} of the {seen.size} events before the checkpoint's seq {start_seq} "
+            f"are missing (the first: seq {first + lo}..{first + hi})"
+        )
+    return counts, after
+
+
+def _checked_seq(run_dir: Path, run_id: str, part: Part, tag: str) -> np.ndarray:
+    """The ``seq`` column of a part read in full, or :class:`_Refusal` saying why not."""
+    where = part.path.relative_to(run_dir)
+    schema = event_schema(EVENT_TYPES[tag])
+    chunks: list[np.ndarray] = []
+    try:
+        with pq.ParquetFile(part.path, page_checksum_verification=True) as parquet:
+            if not parquet.schema_arrow.equals(schema, check_metadata=False):
+                raise _Refusal(f"{where} does not have the columns of {tag}")
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group)
+                others = set(pc.unique(table.column("run_id")).to_pylist()) - {run_id}
+                if others:
+                    raise _Refusal(f"{where} holds events of run {sorted(others)[0]!r}")
+                chunks.append(table.column("seq").to_numpy())
+    except (OSError, pa.ArrowException) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise _Refusal(f"{where} is unreadable ({reason})") from None
+    seq = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+    if not seq.size or int(seq.min()) != part.first or int(seq.max()) != part.last:
+        raise _Refusal(f"{where} does not hold the seq range its name states")
+    return seq
+
+
+def _cut(directory: Path, listing: Listing, tag: str, start_seq: int, sink: PartSink) -> list[Path]:
+    """One type of one rank: drop a crash's leftovers and cut at ``start_seq`` (parts
+    that straddle it are rewritten without their tail). Returns the files kept."""
     if directory.is_dir():
         for stale in directory.glob(f"{TMP_PREFIX}*{TMP_SUFFIX}"):  # a killed write's
             stale.unlink(missing_ok=True)
-    parts = list_parts(directory)
-    gone = superseded(parts)
-    for part in parts:
-        if part.path in gone:
-            sink.remove(part.path)
-    parts = [p for p in parts if p.path not in gone and p.first is not None]
+    for part in listing.superseded:
+        sink.remove(part.path)
     schema = event_schema(EVENT_TYPES[tag])
-    kept: list[Part] = []
-    cut = 0
-    for part in parts:
-        assert part.first is not None and part.last is not None
+    kept: list[Path] = []
+    for part in listing.live:
         if part.last < start_seq:
-            kept.append(part)
+            kept.append(part.path)
             continue
-        table = pq.read_table(part.path, schema=schema, page_checksum_verification=True)
-        rest = table.filter(pc.less(table.column("seq"), start_seq))
-        cut += table.num_rows - rest.num_rows
-        if rest.num_rows:
+        if part.first < start_seq:
+            table = pq.read_table(part.path, schema=schema, page_checksum_verification=True)
+            rest = table.filter(pc.less(table.column("seq"), start_seq))
             end = int(pc.max(rest.column("seq")).as_py())
             output = directory / part_name(part.first, end)
             sink.write_merged([rest], schema, output)
-            kept.append(Part(output, part.first, end))
+            kept.append(output)
         sink.remove(part.path)
-    if len(kept) > 1 or (kept and not _is_merged(kept[0].path)):
-        first, last = kept[0].first, kept[-1].last
-        assert first is not None and last is not None
-        output = directory / part_name(first, last)
-        tables = (t for p in kept for t in read_verified(p.path, schema))
-        sink.write_merged(tables, schema, output)
-        for part in kept:
-            if part.path != output:
-                sink.remove(part.path)
-        kept = [Part(output, first, last)]
-    return cut, sum(pq.read_metadata(p.path).num_rows for p in kept), [p.path for p in kept]
-
-
-def _is_merged(path: Path) -> bool:
-    """Whether a file is a merged one (zstd), not a flush's part."""
-    meta = pq.read_metadata(path)
-    return meta.num_row_groups > 0 and str(meta.row_group(0).column(0).compression) == "ZSTD"
+    return kept

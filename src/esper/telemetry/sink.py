@@ -17,7 +17,7 @@ statistics on the envelope, row groups of :data:`ROW_GROUP_ROWS`.
 fsync. Renaming a closed file into place makes it survive a ``kill -9`` of the process
 (the kernel has its bytes); surviving a power loss needs an fsync, which the writer
 does at each explicit flush (the trainer's checkpoints), at the close and after a
-resume's cut and merge (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
+resume's cut (:meth:`PartSink.sync`, :func:`fsync_files`), so a checkpoint
 never points past events that are durable on the disk, and a closed run is durable as
 a whole.
 """
@@ -25,9 +25,10 @@ a whole.
 from __future__ import annotations
 
 import contextlib
+import errno
 import inspect
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -110,9 +111,16 @@ class PartSink(Protocol):
 
 
 class ParquetSink:
-    """Atomic Parquet files (tmp + ``os.replace``)."""
+    """Atomic Parquet files (tmp + ``os.replace``). ``write`` is the OS write a part's
+    bytes go through (``os.write``; tests inject short writes): a short write is
+    continued, an error is raised, so a part is never renamed into place short."""
 
     concurrent: bool = True
+    _write: Callable[[int, memoryview], int] = staticmethod(os.write)
+
+    def __init__(self, write: Callable[[int, memoryview], int] | None = None) -> None:
+        if write is not None:
+            self._write = write
 
     def write_part(self, table: pa.Table, path: Path) -> int:
         buffer = pa.BufferOutputStream()
@@ -122,7 +130,12 @@ class ParquetSink:
         try:
             fd = _create(tmp)
             try:
-                os.write(fd, data)
+                left = memoryview(data)
+                while left:
+                    written = self._write(fd, left)
+                    if written <= 0:  # write(2) returns 0 only for an empty buffer
+                        raise OSError(errno.EIO, f"write returned {written}", str(tmp))
+                    left = left[written:]
             finally:
                 os.close(fd)
             os.replace(tmp, path)

@@ -28,7 +28,8 @@ then has at most ``(MERGE_FANIN - 1)`` files per level, and the levels grow with
 logarithm of the writes: a 24-hour run at the default interval keeps under ~100 files
 per type (about 2,100 for the whole catalogue). A merge renames its output into place,
 then deletes its inputs; a crash in between is settled by the superseded-part rule
-(:mod:`esper.telemetry.liveness`).
+(:func:`esper.telemetry.paths.list_parts`). A reader that lists a live run's files
+and then opens one may find it merged away meanwhile: it lists again.
 :meth:`EventWriter.finalize` (the close) merges each type into one file, on every core.
 
 Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
@@ -58,9 +59,8 @@ from esper.core.enums import RunStatus
 from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
 from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
-from esper.telemetry.liveness import live_parts
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
-from esper.telemetry.paths import manifest_path, part_name, type_rank_dir
+from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
 from esper.telemetry.sink import PartSink, read_verified
 
 #: The writer wakes this much before a flush interval has passed since its last wake
@@ -74,7 +74,7 @@ MANIFEST_EVERY_S: Final = 2.0
 #: Files of one level (per type) merged into one file of the next level.
 MERGE_FANIN: Final = 32
 #: Level of the files a run already had when this writer started (a resumed run's:
-#: one merged file per type), which only the close merges again.
+#: the files it kept), which only the close merges again.
 KEPT_LEVEL: Final = 1_000
 #: Merged files written at once by the close (one thread each).
 CLOSE_THREADS: Final = min(os.cpu_count() or 1, 4)
@@ -170,11 +170,8 @@ class EventWriter:
         )
 
     def _existing(self, tag: str) -> list[_File]:
-        parts = live_parts(self._dirs[tag])
         return [
-            _File(p.path, p.first, p.last, KEPT_LEVEL)
-            for p in parts
-            if p.first is not None and p.last is not None
+            _File(p.path, p.first, p.last, KEPT_LEVEL) for p in list_parts(self._dirs[tag]).live
         ]
 
     # --- lifecycle (producer thread) ----------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from esper.config import Config, with_overrides
+from esper.config import Config, config_hash_of, with_overrides
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.errors import CheckpointError, CheckpointSaveError, UserError
@@ -88,6 +88,8 @@ class _RoundEnd:
     torch_rng: torch.Tensor
     #: Rollbacks of the whole run so far (a continued run's totals include them).
     rollbacks: int
+    #: Wall seconds of the whole run so far, every session's (its EPS divides by them).
+    wall_s: float
 
 
 @dataclass
@@ -231,6 +233,7 @@ class _Before:
     rounds: int = 0
     env_steps: int = 0
     rollbacks: int = 0
+    wall_s: float = 0.0
 
     @classmethod
     def of(cls, cfg: Config, state: dict[str, Any] | None, world_size: int) -> _Before:
@@ -238,7 +241,8 @@ class _Before:
             return cls()
         rounds = int(state["next_round"])
         steps = rounds * cfg.run.n_envs * cfg.run.episode_length * world_size
-        return cls(rounds, steps, int(state.get("rollbacks", 0)))
+        wall = float(state.get("wall_s", 0.0))  # 0: a checkpoint from before it was saved
+        return cls(rounds, steps, int(state.get("rollbacks", 0)), wall)
 
 
 def _session_started(
@@ -304,7 +308,8 @@ def run_rounds(
             due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
             rollbacks = before.rollbacks + trainer.state.rollbacks
             if saver is not None:  # None: an evaluation, which saves nothing
-                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks)
+                wall_s = before.wall_s + time.perf_counter() - t0
+                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks, wall_s=wall_s)
     except KeyboardInterrupt as exc:
         status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
@@ -323,7 +328,7 @@ def run_rounds(
                     status,
                     rounds=before.rounds + next_round - start_round,
                     env_steps=before.env_steps + env_steps,
-                    wall=wall,
+                    wall=before.wall_s + wall,
                     rollbacks=before.rollbacks + trainer.state.rollbacks,
                     error=error,
                 )
@@ -396,7 +401,9 @@ def check_telemetry_dir(cfg: Config, run_id: str, *, rank: int, checkpoint: Path
     if cfg.telemetry.level_enum == TelemetryLevel.OFF:
         return False
     run_dir = resolve_run_dir(cfg.telemetry.dir, run_id)
-    return check_new_run_dir(run_dir, run_id=run_id, rank=rank, checkpoint=checkpoint)
+    return check_new_run_dir(
+        run_dir, run_id=run_id, rank=rank, checkpoint=checkpoint, config_hash=cfg.fingerprint()
+    )
 
 
 def _check_continued(
@@ -441,6 +448,7 @@ def open_hub(
         parent_run_id=parent,
         resume=continue_run and state is not None,
         replace=replace,
+        checkpoint_hash=config_hash_of(state.get("config")) if state and continue_run else "",
     )
     return with_emit_log(hub)  # the crash tests' side channel; a no-op unless asked for
 
@@ -476,7 +484,9 @@ class _Saver:
         self.rank = collective.rank if collective is not None else 0
         self.pending: _RoundEnd | None = None
 
-    def round_completed(self, next_round: int, *, save_now: bool, rollbacks: int) -> None:
+    def round_completed(
+        self, next_round: int, *, save_now: bool, rollbacks: int, wall_s: float = 0.0
+    ) -> None:
         state = self.learner.state_dict()
         self.pending = _RoundEnd(
             next_round=next_round,
@@ -485,6 +495,7 @@ class _Saver:
             learner=state if save_now else copy.deepcopy(state),
             torch_rng=torch.get_rng_state(),
             rollbacks=rollbacks,
+            wall_s=wall_s,
         )
         if save_now:
             self._save(self.pending)
@@ -503,11 +514,9 @@ class _Saver:
             self.ledger.save_error = self.ledger.save_error or str(exc)
 
     def _save(self, end: _RoundEnd) -> None:
-        flush_error: BaseException | None = None
-        try:
-            self.hub.flush()  # durable (fsynced) before the checkpoint points past it
-        except BaseException as exc:  # still save: training state matters most
-            flush_error = exc
+        # Durable (fsynced) before the checkpoint points past it: a failed flush fails
+        # the checkpoint (an interrupted one is retried by save_pending_quietly).
+        self.hub.flush()
         try:
             size = save_checkpoint(
                 self.path,
@@ -523,6 +532,7 @@ class _Saver:
                     "rank": self.rank,
                     "path": str(self.path),  # as its checkpoint_saved event names it
                     "rollbacks": end.rollbacks,
+                    "wall_s": end.wall_s,
                 },
             )
         except CheckpointSaveError as exc:
@@ -530,10 +540,6 @@ class _Saver:
             raise
         self.pending = None
         self.ledger.path, self.ledger.next_round = self.path, end.next_round
-        try:  # the checkpoint exists: its event too, even when the flush was interrupted
-            self.recorder.checkpoint_saved(
-                str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
-            )
-        finally:
-            if flush_error is not None:
-                raise flush_error  # the cause (Ctrl-C, a dead writer) wins over the emit's
+        self.recorder.checkpoint_saved(
+            str(self.path), size=size, next_round=end.next_round, seq=end.seq_position
+        )
