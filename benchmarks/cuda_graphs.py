@@ -25,9 +25,9 @@ CUDA; on a CPU only the eager figures are taken (``--device cpu --quick``: the p
 Validation, same layouts: the trainer's fused counterfactual pass over the run's
 validation set, each env with the configurations the trainer would evaluate (the
 real one and its measurable seeds' ablations: every subset, up to three seeds), stacked
-(``host_batching.validate_batched``: every env padded to the most configurations) and
-per env (``batch_ops.validate_fused``, what the per-env trainer runs). The two are
-timed by turns, on the same state.
+(``host_batching.validate_batched``: one row per (env, configuration), no padding) and
+per env (``batch_ops.validate_fused``, what the per-env trainer runs), timed by turns on
+the same state; on CUDA the stacked pass is also captured and replayed.
 
     python benchmarks/cuda_graphs.py --device cuda --n-envs 16,64 --out benchmarks/results/gpu_h200
 """
@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
 import _trainer as T
+import numpy as np
 import torch
 
 from esper.core.enums import GerminationStyle, Initiator, SeedStage
@@ -52,13 +53,18 @@ from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import load_task
 from esper.training.action_execution import sync_seed_optimizers
 from esper.training.batch_ops import PassOptions, train_batch, validate_fused
-from esper.training.counterfactual import build_ablation_configs, measurable_seeds
+from esper.training.counterfactual import Ablations, ablations, unavailable_reasons
 from esper.training.env_factory import EnvFactory
 from esper.training.env_state import EnvState
 from esper.training.envs import VAL_BATCH_FACTOR
-from esper.training.host_batching import validate_batched
+from esper.training.host_batching import (
+    _validate_rows,
+    round_stores,
+    validate_batched,
+)
 from esper.training.launch_count import LaunchCounter
 from esper.training.slot_groups import HostBatch
+from esper.training.step_rewards import effective_alphas
 
 LAYOUTS = ("host", "one_kind", "mixed", "late")
 #: Most seeds an env of the ``late`` layout blends at once.
@@ -88,9 +94,9 @@ VAL_COLUMNS = (
     "layout",
     "n_envs",
     "configs / env",
-    "padded to",
     "per-env ms",
     "stacked ms",
+    "replay ms",
     "stacked / per-env",
     "max |diff|",
 )
@@ -147,6 +153,7 @@ def _envs(cfg: Any, spec: Any, layout: str) -> list[EnvState]:
     grow(envs, layout)
     for env in envs:
         env.model.train()
+        assert env.train_accum is not None
         env.train_accum = torch.zeros_like(env.train_accum)
     return envs
 
@@ -185,17 +192,21 @@ def capture(step: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGr
     return graph
 
 
-def _configs(cfg: Any, envs: Sequence[EnvState]) -> list[list[list[float]] | None]:
-    """Each env's alpha configurations as the trainer builds them (``HostEnvs``)."""
-    out: list[list[list[float]] | None] = []
-    for env in envs:
-        reports = env.model.slot_reports()
-        plan = build_ablation_configs(
-            measurable_seeds(reports), len(reports),
-            factorial=cfg.run.counterfactual_factorial, base_alphas=[r.alpha for r in reports],
-        )  # fmt: skip
-        out.append([list(a) for a in plan.alphas] if plan.active else None)
-    return out
+def _configs(cfg: Any, envs: Sequence[EnvState]) -> Ablations:
+    """The envs' alpha configurations as the trainer builds them (``HostEnvs.advance``)."""
+    slots = envs[0].table.slots
+    alphas = effective_alphas(slots)
+    measurable = unavailable_reasons(slots.stage, alphas) == 0
+    return ablations(alphas, measurable, factorial=cfg.run.counterfactual_factorial)
+
+
+def _stacked_batch(envs: Sequence[EnvState], plan: Ablations) -> HostBatch:
+    """The stacked validation batch of one store's envs (what ``validate_batched`` builds)."""
+    stores = round_stores(envs)
+    assert stores is not None and len(stores) == 1, "one host shape: one store"
+    batch = HostBatch(stores[0], train=False, members=plan.env, alphas=plan.alphas)
+    batch.set_modes()
+    return batch
 
 
 def measure_validation(args: Any, work: Workload, layout: str) -> dict[str, Any]:
@@ -208,18 +219,15 @@ def measure_validation(args: Any, work: Workload, layout: str) -> dict[str, Any]
         task.val_x, task.val_y, cfg.task.batch_size * VAL_BATCH_FACTOR,
         limit=cfg.task.val_samples, device=device, channels_last=cfg.task.channels_last,
     )  # fmt: skip
-    configs = _configs(cfg, envs)
-    tensors = [None if c is None else torch.tensor(c) for c in configs]
-    counts = [1 if c is None else len(c) for c in configs]
+    plan = _configs(cfg, envs)
     row: dict[str, Any] = {"layout": layout, "n_envs": n_envs}
-    row["configs_per_env"] = sum(counts) / len(counts)
-    row["padded_to"] = max(counts)
+    row["configs_per_env"] = len(plan.alphas) / n_envs
 
     def stacked() -> None:
-        validate_batched(envs, val, configs, opts)
+        validate_batched(envs, val, plan.alphas, plan.first, opts)
 
     def per_env() -> None:
-        validate_fused(envs, val, tensors, opts)
+        validate_fused(envs, val, plan.alphas, plan.first, opts)
 
     stacked()
     per_env()
@@ -230,11 +238,42 @@ def measure_validation(args: Any, work: Workload, layout: str) -> dict[str, Any]
             times[name].append(_timed(fn, 1, device))
     row["val_stacked_ms"] = C.median(times["stacked"])
     row["val_per_env_ms"] = C.median(times["per_env"])
-    a, b = validate_batched(envs, val, configs, opts), validate_fused(envs, val, tensors, opts)
+    a = validate_batched(envs, val, plan.alphas, plan.first, opts)
+    b = validate_fused(envs, val, plan.alphas, plan.first, opts)
     row["val_max_abs_diff"] = max(
         (x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True)
     )
+    if device.type == "cuda":
+        _replay_validation(row, args, envs, plan, val, opts, device)
     return row
+
+
+def _replay_validation(
+    row: dict[str, Any], args: Any, envs: Sequence[EnvState], plan: Ablations, val: Any,
+    opts: PassOptions, device: torch.device,
+) -> None:  # fmt: skip
+    """The stacked pass of one layout captured as a CUDA graph: replay time and its
+    correct counts against the eager pass's."""
+    batch = _stacked_batch(envs, plan)
+    real = np.isin(np.arange(len(plan.alphas)), plan.first)
+    out: list[Any] = []
+
+    def step() -> None:
+        out[:] = _validate_rows(batch, val, real, opts)
+
+    try:
+        with torch.no_grad():
+            graph = capture(step, device)
+    except Exception as exc:  # keep the eager figures: say why capture failed
+        row["val_capture_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    row["val_replay_ms"] = _timed(graph.replay, args.steps, device)
+    graph.replay()
+    replayed = [t.clone() for t in out]
+    step()
+    row["val_replay_max_abs_diff"] = max(
+        (x - y).abs().max().item() for x, y in zip(replayed, out, strict=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -277,8 +316,11 @@ def measure(args: Any, work: Workload, layout: str) -> dict[str, Any]:
     row["per_env_ms"] = _timed(loop, args.steps, device)
 
     envs = _envs(cfg, task.spec, layout)
+    stores = round_stores(envs)
+    assert stores is not None and len(stores) == 1, "one host shape: one store"
     start = time.perf_counter()
-    batch = HostBatch(envs)
+    batch = HostBatch(stores[0])
+    batch.set_modes()
     _sync(device)
     row["build_ms"] = (time.perf_counter() - start) * 1e3
     row["kinds"] = sum(len(k) for k in batch.kinds.values())
@@ -361,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Validation, stacked against per env ({args.device}, ms per pass of all envs)",
         VAL_COLUMNS,
         [
-            [r["layout"], r["n_envs"], r["configs_per_env"], r["padded_to"], r["val_per_env_ms"],
-             r["val_stacked_ms"], C.ratio(r["val_stacked_ms"], r["val_per_env_ms"]),
-             r["val_max_abs_diff"]]
+            [r["layout"], r["n_envs"], r["configs_per_env"], r["val_per_env_ms"],
+             r["val_stacked_ms"], r.get("val_replay_ms"),
+             C.ratio(r["val_stacked_ms"], r["val_per_env_ms"]), r["val_max_abs_diff"]]
             for r in good_val
         ],
     )  # fmt: skip

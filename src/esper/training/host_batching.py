@@ -184,7 +184,7 @@ def validate_batched(
     count = torch.zeros(n, device=device)
     for store in stores:
         rows = np.nonzero(np.isin(env_of_row, store.rows))[0]
-        members = np.array([store.local[e] for e in env_of_row[rows].tolist()], dtype=np.int64)
+        members = store.local_of[env_of_row[rows]]
         real = np.isin(rows, first)
         batch = HostBatch(store, train=False, members=members, alphas=configs[rows])
         batch.set_modes()

@@ -197,6 +197,8 @@ class HostStore:
         self.rows = np.array([e.row for e in envs], dtype=np.int64)
         #: Table row -> store row, and each env's global index (faults name envs by it).
         self.local = {int(row): i for i, row in enumerate(self.rows.tolist())}
+        self.local_of = np.full(self.table.n, -1, dtype=np.int64)
+        self.local_of[self.rows] = np.arange(len(envs))
         self.indices = np.array([e.index for e in envs], dtype=np.int64)
         self.host_settings = host_settings
         n = len(envs)
