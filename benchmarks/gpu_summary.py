@@ -44,6 +44,19 @@ def main(argv: list[str] | None = None) -> int:
         ["task", "n_envs", "trainer", "batched", "floor", "trainer/floor", "batched/floor"],
         rows,
     )
+    turns = []
+    for turn in (1, 2):
+        for tree in ("base", "new"):
+            data = _load(root / f"eps_{tree}_{turn}" / "eps.json")
+            for r in (data or {}).get("results", []):
+                batched = r.get("batched", {}).get("eps", "-")
+                turns.append([turn, tree, r["config"]["n_envs"], batched, r["floor"]["eps"]])
+    if turns:
+        C.print_table(
+            "Batched EPS, the earlier tree (.base) and this one by turns",
+            ["turn", "tree", "n_envs", "batched", "floor"],
+            turns,
+        )
     launches = _load(root / "launches.json")
     if launches:
         C.print_table(

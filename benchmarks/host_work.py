@@ -84,7 +84,8 @@ LAUNCH_COUNTER = "esper.training.launch_count:LaunchCounter"
 #: tree are skipped and listed in the results, so old and new names can stand together.
 CAPTURABLE = (
     "esper.training.slot_groups:HostBatch.train_batch",  # batched train step
-    "esper.training.slot_groups:HostBatch.forward",  # batched validation
+    "esper.training.slot_groups:HostBatch.forward",  # batched forward
+    "esper.training.host_batching:_validate_rows",  # batched validation (loss, hits)
     "esper.training.batch_ops:train_batch",  # per-env train step
     "esper.model.morphogenetic:MorphogeneticModel.forward",  # per-env validation
     "esper.model.morphogenetic:MorphogeneticModel.fused_forward",  # + counterfactuals
@@ -587,6 +588,9 @@ def per_env_loops(
         "loop_iterations_per_env_step": iterations,
         "all_loop_iterations_per_env_step": sum(its for _, its in at_n.values()) / n_envs,
         "top_sites": sites[:TOP_LOOPS],
+        "per_env_sites": sorted(
+            (s for s in sites if s["per_env_loop"]), key=lambda s: -s["entries_per_step"]
+        ),
     }
 
 

@@ -385,9 +385,9 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         return hashlib.sha256(encoded).hexdigest()[:16]
 
     def batches_envs(self) -> bool:
-        """Whether the envs train as one batched graph (``run.batch_envs``; "auto" as
-        documented there: batching has not been measured with AMP, and cannot stack a
-        family's different hosts)."""
+        """Whether the envs train as batched graphs (``run.batch_envs``; "auto" as
+        documented there: batching has not been measured with AMP, nor with a host
+        family, whose members batch apart, one group each)."""
         if self.run.batch_envs != "auto":
             return bool(self.run.batch_envs)
         on_cuda = self.run.device.startswith("cuda")

@@ -73,8 +73,8 @@ def validate(cfg: Config) -> Config:
 
 
 def _check_family(cfg: Config) -> None:
-    """Member names unique and printable, block widths given; the batched host path
-    stacks identical hosts, so it cannot train a family."""
+    """Member names unique and printable, block widths given (the batched host path
+    stacks each member's envs apart: ``host_batching``)."""
     members = cfg.family.members
     for i, member in enumerate(members):
         where = f"$.family.members[{i}]"
@@ -87,11 +87,6 @@ def _check_family(cfg: Config) -> None:
             raise ConfigError(f"{where}.name: {member.name!r} listed twice")
         if not member.block_channels:
             raise ConfigError(f"{where}.block_channels: must list at least one block width")
-    if members and cfg.run.batch_envs is True:  # "auto" leaves a family per env
-        raise ConfigError(
-            "$.run.batch_envs: the batched host path stacks identical hosts and cannot train "
-            "a host family ($.family.members); turn one of them off"
-        )
     if members and cfg.task.name == TaskName.TEXT:
         raise ConfigError(
             "$.family.members: a host family is a family of CNN hosts (block widths); "

@@ -20,7 +20,7 @@ from esper.core.records import PPOMetrics, SlotReport
 from esper.data.tasks import TaskSpec
 from esper.model import build_model
 from esper.training.anomaly import detect_anomalies
-from esper.training.env_factory import make_host_optimizer, make_seed_optimizer
+from esper.training.env_state import make_host_optimizer, make_seed_optimizer
 from esper.training.governor import Governor
 from esper.training.normalizers import RewardNormalizer
 from esper.training.rewards import compute_reward
@@ -310,6 +310,7 @@ BATCH_ENVS_CASES = [
     ({"run.device": "cuda"}, True),
     ({"run.device": "cuda:1"}, True),
     ({"run.device": "cuda", "run.amp": "bf16"}, False),  # batching unmeasured with AMP
+    # a family batches member by member when asked; "auto" leaves it per env (unmeasured)
     ({"run.device": "cuda", "family.members": [{"name": "a", "block_channels": [4]}]}, False),
     ({"run.batch_envs": True}, True),  # explicit settings win everywhere
     ({"run.batch_envs": False, "run.device": "cuda"}, False),

@@ -181,7 +181,6 @@ def test_members_must_share_the_action_spaces_slots() -> None:
         ([{"name": "a b", "block_channels": [2]}], {}, "use 1-32 characters"),
         ([{"name": "a", "block_channels": [2]}] * 2, {}, "'a' listed twice"),
         ([{"name": "a", "block_channels": []}], {}, "at least one block width"),
-        ([{"name": "a", "block_channels": [2]}], {"run": {"batch_envs": True}}, "batch_envs"),
         ([{"name": "a", "block_channels": [0]}], {}, "Expected `int` >= 1"),
         (
             [{"name": "a", "block_channels": [2]}],

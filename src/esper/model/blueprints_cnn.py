@@ -43,7 +43,7 @@ def group_norm(channels: int) -> SeedGroupNorm:
 
 def norm_groups(channels: int) -> int:
     """Largest divisor of ``channels`` not above MAX_NORM_GROUPS."""
-    return max(g for g in range(1, MAX_NORM_GROUPS + 1) if channels % g == 0)
+    return max([g for g in range(1, MAX_NORM_GROUPS + 1) if channels % g == 0])
 
 
 def _hidden(channels: int, reduction: int) -> int:

@@ -13,12 +13,17 @@ from esper.config import HostConfig
 from esper.core.enums import Topology
 from esper.data.tasks import TaskSpec
 from esper.model.hosts import CNNHost, HostNetwork, TransformerHost
-from esper.model.initialization import materialize
+from esper.model.initialization import init_module, materialize
 from esper.model.morphogenetic import MorphogeneticModel, Reporter
+from esper.model.slot_table import SlotTable
 
 
-def build_host(host: HostConfig, spec: TaskSpec, *, seed: int) -> HostNetwork:
-    """The host network for ``spec``'s topology, deterministically initialised."""
+def build_host(
+    host: HostConfig, spec: TaskSpec, *, seed: int, materialized: bool = True
+) -> HostNetwork:
+    """The host network for ``spec``'s topology, deterministically initialised; with
+    ``materialized=False`` only its structure, on the meta device (its tensors are then
+    placed and initialised by the caller: :func:`initialise_host`)."""
     if spec.topology == Topology.CNN:
         if len(spec.input_shape) != 3:
             raise ValueError(f"CNN hosts need (C, H, W) inputs, got {spec.input_shape}")
@@ -46,9 +51,24 @@ def build_host(host: HostConfig, spec: TaskSpec, *, seed: int) -> HostNetwork:
                 n_layers=host.n_layers,
             )
 
-    network = materialize(factory, torch.Generator().manual_seed(seed))
+    if not materialized:
+        with torch.device("meta"):
+            return factory()
+    network = materialize(factory, host_generator(seed))
     network.finalize()
     return network
+
+
+def host_generator(seed: int) -> torch.Generator:
+    """The generator a host with this seed is initialised from."""
+    return torch.Generator().manual_seed(seed)
+
+
+def initialise_host(network: HostNetwork, seed: int) -> None:
+    """Initialise a host whose tensors have been placed (exactly :func:`build_host`'s
+    values for ``seed``)."""
+    init_module(network, host_generator(seed))
+    network.finalize()
 
 
 def build_model(
@@ -58,14 +78,21 @@ def build_model(
     seed: int,
     strict_gates: bool = False,
     reporter: Reporter | None = None,
+    materialized: bool = True,
+    table: SlotTable | None = None,
+    row: int = 0,
 ) -> MorphogeneticModel:
-    """Host + slots for ``spec`` (on CPU; move it with ``.to(device)``)."""
+    """Host + slots for ``spec`` (on CPU; move it with ``.to(device)``; with
+    ``materialized=False`` the host on the meta device: :func:`build_host`). The slots'
+    state lives in row ``row`` of ``table`` (default: a table of its own)."""
     return MorphogeneticModel(
-        build_host(host, spec, seed=seed),
+        build_host(host, spec, seed=seed, materialized=materialized),
         seed=seed,
         slot_ids=host.slots or None,
         max_seeds=host.max_seeds,
         strict_gates=strict_gates or host.strict_gates,
         auto_advance=host.auto_advance,
         reporter=reporter,
+        table=table,
+        row=row,
     )

@@ -28,8 +28,8 @@ Check = tuple[str, bool]
 
 
 def _result(gate: GateId, target: SeedStage, checks: Sequence[Check], strict: bool) -> GateResult:
-    passed = tuple(name for name, ok in checks if ok)
-    failed = tuple(name for name, ok in checks if not ok)
+    passed = tuple([name for name, ok in checks if ok])
+    failed = tuple([name for name, ok in checks if not ok])
     verdict = "passed" if not failed else "failed: " + ", ".join(failed)
     mode = "strict" if strict else "permissive"
     return GateResult(

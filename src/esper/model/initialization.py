@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, Final, TypeVar
 
 import torch
 from torch import nn
@@ -62,6 +62,18 @@ _RULES: dict[type[nn.Module], Callable[[nn.Module, torch.Generator], None]] = {
 }
 
 
+_UNSEEN: Final = object()
+#: The rule of each module type seen (its own, or its nearest listed base's).
+_RULE_OF: dict[type, Any] = {}
+
+
+def _rule(cls: type) -> Callable[[nn.Module, torch.Generator], None] | None:
+    """Subclasses (e.g. SeedGroupNorm) follow the rule of their nearest listed base."""
+    if cls not in _RULE_OF:
+        _RULE_OF[cls] = next((_RULES[t] for t in cls.__mro__ if t in _RULES), None)
+    return _RULE_OF[cls]
+
+
 def init_module(module: nn.Module, generator: torch.Generator) -> None:
     """Initialise every parameter and buffer of ``module`` in a fixed order.
 
@@ -71,11 +83,13 @@ def init_module(module: nn.Module, generator: torch.Generator) -> None:
     seen: set[int] = set()
     for name, sub in module.named_modules():
         own = list(sub.parameters(recurse=False)) + list(sub.buffers(recurse=False))
-        if own and all(id(t) in seen for t in own):
+        ids = {id(t) for t in own}
+        if own and ids <= seen:
             continue
-        seen.update(id(t) for t in own)
-        # Subclasses (e.g. SeedGroupNorm) follow the rule of their nearest listed base.
-        rule = next((_RULES[t] for t in type(sub).__mro__ if t in _RULES), None)
+        seen |= ids
+        rule = _RULE_OF.get(type(sub), _UNSEEN)
+        if rule is _UNSEEN:
+            rule = _rule(type(sub))
         if rule is not None:
             rule(sub, generator)
         elif own:

@@ -66,6 +66,8 @@ class MorphogeneticModel(nn.Module):
         auto_advance: bool = False,
         reporter: Reporter | None = None,
         registry: BlueprintRegistry = DEFAULT_REGISTRY,
+        table: SlotTable | None = None,
+        row: int = 0,
     ) -> None:
         super().__init__()
         self.host = host
@@ -86,8 +88,8 @@ class MorphogeneticModel(nn.Module):
         self.auto_advance = auto_advance
         #: The slots' state: this model's own one-row table, or its row of a round's
         #: (:meth:`bind_table`).
-        self.table = SlotTable(1, len(self.slot_ids))
-        self.row = 0
+        self.table = SlotTable(1, len(self.slot_ids)) if table is None else table
+        self.row = row
         self.slots = nn.ModuleDict(
             {
                 s: SeedSlot(
@@ -96,6 +98,7 @@ class MorphogeneticModel(nn.Module):
                     strict=strict_gates,
                     auto_advance=auto_advance,
                     table=self.table,
+                    row=self.row,
                     col=j,
                 )
                 for j, s in enumerate(self.slot_ids)
@@ -298,7 +301,7 @@ class MorphogeneticModel(nn.Module):
 
     def live_seed_slots(self) -> tuple[str, ...]:
         live = np.isin(self.table.stage[self.row], LIVE_CODES)
-        return tuple(s for s, on in zip(self.slot_ids, live.tolist(), strict=True) if on)
+        return tuple([s for s, on in zip(self.slot_ids, live.tolist(), strict=True) if on])
 
     def host_parameters(self) -> list[nn.Parameter]:
         return list(self.host.parameters())
@@ -438,4 +441,4 @@ class MorphogeneticModel(nn.Module):
         return module
 
     def _host_channels_last(self) -> bool:
-        return any(is_channels_last(p) for p in self.host.parameters())
+        return any([is_channels_last(p) for p in self.host.parameters()])

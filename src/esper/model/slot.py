@@ -166,7 +166,7 @@ class SeedSlot(nn.Module):
         )
         self.seed = seed
         self.gate = gate
-        self.n_params = sum(p.numel() for p in self.seed_parameters())
+        self.n_params = sum([p.numel() for p in self.seed_parameters()])
         self.alpha.reset()
         self.metrics.start(current_acc)
         self._emit_stage(SeedStage.DORMANT, spent, initiator)

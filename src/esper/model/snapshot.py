@@ -43,7 +43,7 @@ def _packed_clone(named: dict[str, Tensor]) -> dict[str, Tensor]:
     """Clones of ``named`` on their device: one copy per dtype, entries are views (a
     channels-last tensor keeps its layout, so packing it copies nothing extra)."""
     out: dict[str, Tensor] = {}
-    for dtype in dict.fromkeys(t.dtype for t in named.values()):
+    for dtype in dict.fromkeys([t.dtype for t in named.values()]):
         group = {k: t.detach() for k, t in named.items() if t.dtype == dtype}
         flat = torch.cat(
             [
@@ -72,7 +72,16 @@ def _untext(t: Tensor) -> str:
 
 
 def snapshot_model(model: MorphogeneticModel) -> dict[str, Tensor]:
-    tensors = {HOST + k: v for k, v in model.host.state_dict().items()}
+    """The host and the fossils (see the module docstring)."""
+    return snapshot_fossils(model, {HOST + k: v for k, v in model.host.state_dict().items()})
+
+
+def snapshot_fossils(
+    model: MorphogeneticModel, extra: dict[str, Tensor] | None = None
+) -> dict[str, Tensor]:
+    """The fossilized seeds alone (with ``extra`` tensors, cloned with them): what a
+    snapshot holds besides a host kept elsewhere (a batched store's rows)."""
+    tensors = dict(extra or {})
     fossils = [sid for sid in model.slot_ids if model.slot(sid).stage == SeedStage.FOSSILIZED]
     for sid in fossils:
         for k, v in model.slot(sid).state_dict().items():
@@ -132,6 +141,11 @@ def _rebuild(model: MorphogeneticModel, sid: str, state: dict[str, Tensor]) -> N
 def restore_model(model: MorphogeneticModel, state: dict[str, Tensor]) -> None:
     host_state = {k[len(HOST) :]: v for k, v in state.items() if k.startswith(HOST)}
     model.host.load_state_dict(host_state, strict=True)
+    restore_fossils(model, state)
+
+
+def restore_fossils(model: MorphogeneticModel, state: dict[str, Tensor]) -> None:
+    """Put back the snapshot's fossils exactly; drop fossils it does not know."""
     fossils = _fossil_ids(state)
     unknown = fossils - set(model.slot_ids)
     if unknown:

@@ -138,31 +138,30 @@ class DecodedAction(msgspec.Struct, frozen=True, kw_only=True):
         return RELEVANT_HEADS[self.op]
 
 
-def _head_value(indices: Sequence[int], name: str, relevant: frozenset[str]) -> int:
-    return int(indices[HEAD_INDEX[name]]) if name in relevant else CANONICAL_HEAD_VALUE[name]
-
-
 def decode_action(indices: Sequence[int], space: ActionSpace) -> DecodedAction:
     """Turn per-head indices into a typed action (pure; irrelevant heads -> canonical)."""
     if len(indices) != N_HEADS:
         raise ValueError(f"expected {N_HEADS} head indices, got {len(indices)}")
-    sizes = space.head_sizes
-    for name, idx in zip(HEAD_NAMES, indices, strict=True):
-        if not 0 <= int(idx) < sizes[name]:
-            raise ValueError(f"head {name!r} index {idx} out of range [0, {sizes[name]})")
-    op = LifecycleOp(int(indices[HEAD_INDEX["op"]]))
+    values = [int(i) for i in indices]
+    sizes = [space.n_slots if n == "slot" else HEAD_SIZES[n] for n in HEAD_NAMES]
+    for name, idx, size in zip(HEAD_NAMES, values, sizes, strict=True):
+        if not 0 <= idx < size:
+            raise ValueError(f"head {name!r} index {idx} out of range [0, {size})")
+    op = LifecycleOp(values[0])
     rel = RELEVANT_HEADS[op]
+    # Heads the op does not use take their canonical values.
+    v = dict(zip(HEAD_NAMES, values, strict=True)) | {
+        n: CANONICAL_HEAD_VALUE[n] for n in HEAD_NAMES if n not in rel
+    }
     return DecodedAction(
         op=op,
-        slot_id=space.slot_ids[_head_value(indices, "slot", rel)] if "slot" in rel else None,
-        blueprint=(
-            ALL_BLUEPRINTS[_head_value(indices, "blueprint", rel)] if "blueprint" in rel else None
-        ),
-        style=GerminationStyle(_head_value(indices, "style", rel)),
-        tempo=TEMPOS[_head_value(indices, "tempo", rel)],
-        alpha_target=ALPHA_TARGETS[_head_value(indices, "alpha_target", rel)],
-        alpha_speed=ALPHA_SPEEDS[_head_value(indices, "alpha_speed", rel)],
-        alpha_curve=AlphaCurve(_head_value(indices, "alpha_curve", rel)),
+        slot_id=space.slot_ids[v["slot"]] if "slot" in rel else None,
+        blueprint=ALL_BLUEPRINTS[v["blueprint"]] if "blueprint" in rel else None,
+        style=GerminationStyle(v["style"]),
+        tempo=TEMPOS[v["tempo"]],
+        alpha_target=ALPHA_TARGETS[v["alpha_target"]],
+        alpha_speed=ALPHA_SPEEDS[v["alpha_speed"]],
+        alpha_curve=AlphaCurve(v["alpha_curve"]),
     )
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from esper.core.enums import Initiator, LifecycleOp, PruneReason
 from esper.policy.actions import DecodedAction
-from esper.training.env_factory import make_seed_optimizer
-from esper.training.env_state import EnvState
+from esper.training.env_state import EnvState, make_seed_optimizer
 
 
 def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
@@ -54,13 +53,14 @@ def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
 
 def sync_seed_optimizers(env: EnvState) -> None:
     """One SGD per live seed: add optimizers for new seeds, drop those of removed ones."""
-    for col, slot_id in enumerate(env.model.slot_ids):
-        params = env.model.seed_parameters(slot_id)
-        if params and slot_id not in env.seed_optimizers:
-            env.seed_optimizers[slot_id] = make_seed_optimizer(params, env.host_cfg)
-        elif not params and slot_id in env.seed_optimizers:
-            del env.seed_optimizers[slot_id]
-        env.table.seed_sgd[env.row, col] = slot_id in env.seed_optimizers
+    opts = env.seed_optimizers
+    for slot_id, slot in env.model.slots.items():
+        present = slot.seed is not None
+        if present and slot_id not in opts:
+            opts[slot_id] = make_seed_optimizer(slot.seed_parameters(), env.host_cfg)
+        elif not present and slot_id in opts:
+            del opts[slot_id]
+    env.table.seed_sgd[env.row] = [s in opts for s in env.model.slot_ids]
 
 
 def execute_action(

@@ -9,11 +9,12 @@ from the same seeds (:func:`esper.core.host_family.member_index`).
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import torch
 
 from esper.config import Config, FamilyMember, HostConfig
 from esper.core.constants import ENV_SEED_STRIDE, ROUND_SEED_STRIDE
-from esper.core.enums import AmpMode
+from esper.core.enums import AmpMode, Topology
 from esper.core.host_family import member_index
 from esper.data.tasks import TaskSpec
 from esper.errors import ConfigError
@@ -66,22 +67,6 @@ def check_family_slots(cfg: Config, spec: TaskSpec, slot_ids: tuple[str, ...]) -
             )
 
 
-def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
-    # foreach on every device: a few multi-tensor kernels per step instead of three per
-    # parameter (torch picks foreach only on CUDA; on a CPU the results are identical).
-    return torch.optim.SGD(
-        model.host_parameters(),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        foreach=True,
-    )
-
-
-def make_seed_optimizer(params: list[torch.nn.Parameter], cfg: HostConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=cfg.seed_lr, momentum=cfg.momentum, foreach=True)
-
-
 class EnvFactory:
     """Creates the envs of each round from the config and the task."""
 
@@ -92,14 +77,36 @@ class EnvFactory:
         #: Global index of the first env (multi-rank runs: rank * n_envs).
         self.env_offset = env_offset
 
-    def create_round(self, rnd: int) -> list[EnvState]:
-        """The round's envs, their state in one fresh :class:`EnvTable`."""
-        models = [self._model(rnd, i) for i in range(self.cfg.run.n_envs)]
-        table = EnvTable.for_round(self.cfg, self.spec, len(models[0][1].slot_ids))
-        return [self.create_env(table, i, *built) for i, built in enumerate(models)]
+    def stacks(self) -> bool:
+        """Whether the round's hosts are built straight into batched stores (a batched
+        CNN run without fp16's GradScaler: ``host_batching.batchable``)."""
+        fp16 = self.cfg.run.amp == AmpMode.FP16 and self.devices[0].type == "cuda"
+        return self.cfg.batches_envs() and self.spec.topology == Topology.CNN and not fp16
 
-    def _model(self, rnd: int, local: int) -> tuple[str, MorphogeneticModel]:
-        """Env ``local``'s host (its family member's name, or "")."""
+    def create_round(self, rnd: int, *, stacked: bool = False) -> list[EnvState]:
+        """The round's envs, their state in one fresh :class:`EnvTable`; ``stacked``:
+        the hosts initialised straight into the round's batched stores (same values)."""
+        n = self.cfg.run.n_envs
+        first = self._model(rnd, 0, None, materialized=not stacked)
+        table = EnvTable.for_round(self.cfg, self.spec, len(first[1].slot_ids))
+        first[1].bind_table(table.slots, 0)
+        rest = [self._model(rnd, i, table, materialized=not stacked) for i in range(1, n)]
+        models = [first, *rest]
+        envs = [
+            self.create_env(table, i, *built, stacked=stacked) for i, built in enumerate(models)
+        ]
+        if stacked:
+            self._stack(rnd, envs, table)
+        for env in envs:
+            env.model.set_reporter(table.reporter(env.row))
+        return envs
+
+    def _model(
+        self, rnd: int, local: int, table: EnvTable | None, *, materialized: bool
+    ) -> tuple[str, MorphogeneticModel]:
+        """Env ``local``'s host (its family member's name, or ""), its slots in row
+        ``local`` of ``table`` (or a table of its own, for the first: the table's width
+        is its slots')."""
         index = self.env_offset + local
         name, host = member_host(self.cfg, rnd, index)
         model = build_model(
@@ -107,21 +114,42 @@ class EnvFactory:
             self.spec,
             seed=env_seed(self.cfg.run.seed, rnd, index),
             strict_gates=self.cfg.host.strict_gates,
+            materialized=materialized,
+            table=None if table is None else table.slots,
+            row=local,
         )
         return name, model
 
+    def _stack(self, rnd: int, envs: list[EnvState], table: EnvTable) -> None:
+        """The round's stores (one per device and host member), the host optimizers over
+        the stored tensors, and every env's first governor snapshot, taken at once."""
+        from esper.training.host_batching import make_stores, snapshot_rows
+
+        seeds = [env_seed(self.cfg.run.seed, rnd, env.index) for env in envs]
+        channels_last = self.cfg.task.channels_last and len(self.spec.input_shape) == 3
+        stores = make_stores(envs, seeds, channels_last=channels_last)
+        for store in stores:
+            snapshot_rows(store, np.arange(len(store.envs)), step=0)
+
     def create_env(
-        self, table: EnvTable, local: int, name: str, model: MorphogeneticModel
+        self,
+        table: EnvTable,
+        local: int,
+        name: str,
+        model: MorphogeneticModel,
+        *,
+        stacked: bool = False,
     ) -> EnvState:
         """Env ``local`` of this process (row ``local`` of ``table``); seeded and named by
-        its global index."""
+        its global index. ``stacked``: its host is on the meta device until the round's
+        stores are made (:meth:`create_round`), which also snapshot it."""
         device = self.devices[local]
         index = self.env_offset + local
-        model.bind_table(table.slots, local)
         descriptor = model.describe(name)
-        model = model.to(device, non_blocking=True)
-        if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if not stacked:
+            model = model.to(device, non_blocking=True)
+            if self.cfg.task.channels_last and len(self.spec.input_shape) == 3:
+                model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         governor = Governor(
             self.cfg.governor,
             random_guess_loss=self.spec.random_guess_loss,
@@ -133,22 +161,22 @@ class EnvFactory:
             index=index,
             device=device,
             model=model,
-            host_optimizer=make_host_optimizer(model, self.cfg.host),
             host_cfg=self.cfg.host,
             host=descriptor,
             governor=governor,
             tracker=SignalTracker(table=table.signals, row=local),
             table=table,
             row=local,
-            stream=torch.cuda.Stream(device=device) if use_cuda else None,  # type: ignore[no-untyped-call]
+            # Env streams overlap the per-env passes; a batched round's passes run once.
+            stream=torch.cuda.Stream(device=device) if use_cuda and not stacked else None,  # type: ignore[no-untyped-call]
             scaler=(
                 torch.amp.GradScaler("cuda")
                 if use_cuda and self.cfg.run.amp == AmpMode.FP16
                 else None
             ),
         )
-        model.set_reporter(table.reporter(local))
         table.host_params[local] = descriptor.params
         table.ref_params[local] = model.ref_params()
-        governor.maybe_snapshot(0, model, force=True)
+        if not stacked:
+            governor.maybe_snapshot(0, model, force=True)
         return env

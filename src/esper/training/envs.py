@@ -61,7 +61,7 @@ from esper.training.env_results import (
 from esper.training.env_state import EnvState
 from esper.training.env_table import EnvTable
 from esper.training.faults import FaultPlan, InjectedDataError
-from esper.training.host_batching import train_epoch_batched, validate_batched
+from esper.training.host_batching import snapshot_rows, train_epoch_batched, validate_batched
 from esper.training.rewards import compute_rewards
 from esper.training.step_rewards import (
     SLOT_OPS,
@@ -163,7 +163,7 @@ class HostEnvs:
     # ------------------------------------------------------------------ the interface
     def reset(self, rnd: int) -> None:
         """Fresh hosts for round ``rnd`` (seeded by run seed, round and global env)."""
-        self.states = self.factory.create_round(rnd)
+        self.states = self.factory.create_round(rnd, stacked=self.batched and self.factory.stacks())
         self.table = self.states[0].table
         self.table.drain()  # creation reports nothing an event needs
         self.host_rows = None
@@ -329,12 +329,24 @@ class HostEnvs:
         panics = t.guard.check(stats.train_loss)
         due = t.guard.snapshot_due(step)
         due[[row for row, *_ in panics]] = False
-        for i in np.nonzero(due)[0].tolist():
-            self.states[i].governor.take_snapshot(step, self.states[i].model)
+        self._snapshot(due, step)
         return [
             self._rollback(self.states[row], reason, threshold, float(stats.train_loss[row]), step)
             for row, reason, threshold in panics
         ]
+
+    def _snapshot(self, due: np.ndarray, step: int) -> None:
+        """Governor snapshots of the due envs: a batched round's hosts cloned at once per
+        store, a per-env round's one by one."""
+        stores = self.t.stores[1] if self.t.stores is not None else None
+        if stores is None:
+            for i in np.nonzero(due)[0].tolist():
+                self.states[i].governor.take_snapshot(step, self.states[i].model)
+            return
+        for store in stores:
+            rows = np.nonzero(due[store.rows])[0]
+            if len(rows):
+                snapshot_rows(store, rows, step=step)
 
     def _rollback(
         self, env: EnvState, reason: Any, threshold: float, loss: float, step: int

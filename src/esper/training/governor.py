@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from torch import Tensor
@@ -18,6 +18,16 @@ from torch import Tensor
 from esper.config import GovernorConfig
 from esper.core.enums import Initiator, PruneReason, RollbackReason
 from esper.core.records import RollbackRecord
+
+
+class Restorable(Protocol):
+    """A snapshot kept outside the model's own ``snapshot_state`` (a batched store's rows
+    taken for many envs at once): it puts itself back."""
+
+    def restore(self, model: Any) -> None: ...
+
+
+Snapshot = dict[str, Tensor] | Restorable
 
 
 class GovernedModel(Protocol):
@@ -186,7 +196,7 @@ class Governor:
         self.row = row
         self.cfg = cfg
         self.random_guess_loss = guard.random_guess_loss
-        self._snapshot: dict[str, Tensor] | None = None
+        self._snapshot: Snapshot | None = None
 
     @property
     def history(self) -> list[float]:
@@ -210,7 +220,11 @@ class Governor:
 
     def take_snapshot(self, step: int, model: GovernedModel) -> None:
         """Clones on the model's device (no host transfer): see model/snapshot.py."""
-        self._snapshot = model.snapshot_state()
+        self.keep(step, model.snapshot_state())
+
+    def keep(self, step: int, snapshot: Snapshot) -> None:
+        """Keep ``snapshot`` (taken at ``step``) to fall back to."""
+        self._snapshot = snapshot
         self.guard.snapshot_step[self.row] = step
         self.guard.has_snapshot[self.row] = True
 
@@ -239,8 +253,12 @@ class Governor:
             reason=PruneReason.GOVERNOR_ROLLBACK,
             initiator=Initiator.GOVERNOR,
         )
-        # Clones: a model that adopts the tensors must not alias the kept snapshot.
-        model.restore_state({k: v.clone() for k, v in self._snapshot.items()})
+        snapshot = self._snapshot
+        if isinstance(snapshot, dict):
+            # Clones: a model that adopts the tensors must not alias the kept snapshot.
+            model.restore_state({k: v.clone() for k, v in snapshot.items()})
+        else:
+            snapshot.restore(model)
         clear_optimizers()
         guard, row = self.guard, self.row
         guard.panicked[row] = False

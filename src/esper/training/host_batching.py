@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from esper.core.enums import Topology
+from esper.core.enums import SeedStage, Topology
+from esper.model.slot_table import STAGE_CODE
+from esper.model.snapshot import snapshot_fossils
 from esper.training.batch_ops import (
     PassOptions,
     autocast,
@@ -47,10 +49,11 @@ from esper.training.batch_ops import (
     validate_fused,
 )
 from esper.training.env_state import EnvState
-from esper.training.host_store import HostStore
+from esper.training.host_store import HostStore, RowSnapshot
 from esper.training.slot_groups import HostBatch, SgdSettings, sgd_settings
 
 Batch = tuple[Tensor, Tensor]
+_FOSSILIZED = STAGE_CODE[SeedStage.FOSSILIZED]
 IMAGE_DIMS = 4
 #: A batch for every env at once: inputs [N, B, ...] and targets [N, B] (the iterator's
 #: ``epoch_stacked``).
@@ -68,9 +71,24 @@ def batchable(env: EnvState) -> SgdSettings | None:
     return settings
 
 
+def sgd_settings_of(env: EnvState) -> SgdSettings:
+    """The host SGD settings the env factory gives every env (``[host]``)."""
+    cfg = env.host_cfg
+    return SgdSettings(cfg.lr, cfg.momentum, cfg.weight_decay)
+
+
+def _groups(envs: Sequence[EnvState]) -> list[list[int]]:
+    """Positions of the envs of each group: one device and one host member."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, env in enumerate(envs):
+        member = env.host.name if env.host is not None else ""
+        groups.setdefault((str(env.device), member), []).append(i)
+    return list(groups.values())
+
+
 def round_stores(envs: Sequence[EnvState]) -> list[HostStore] | None:
-    """The stores of the round's groups (made at its first pass, kept on its table),
-    or None: the round runs per env."""
+    """The stores of the round's groups (made with the round, or at its first pass from
+    the envs' modules; kept on its table), or None: the round runs per env."""
     table = envs[0].table
     key = len(envs)
     if table.stores is not None and table.stores[0] == key:
@@ -78,13 +96,37 @@ def round_stores(envs: Sequence[EnvState]) -> list[HostStore] | None:
     settings = batchable(envs[0])
     stores = None
     if settings is not None:
-        groups: dict[tuple[str, str], list[EnvState]] = {}
-        for env in envs:
-            member = env.host.name if env.host is not None else ""
-            groups.setdefault((str(env.device), member), []).append(env)
-        stores = [HostStore(group, settings) for group in groups.values()]
+        stores = [HostStore.of_envs([envs[i] for i in g], settings) for g in _groups(envs)]
     table.stores = (key, stores)
     return stores
+
+
+def make_stores(
+    envs: Sequence[EnvState], seeds: Sequence[int], *, channels_last: bool
+) -> list[HostStore]:
+    """A new round's stores, the hosts (on the meta device) initialised straight into
+    them from their seeds (:meth:`HostStore.initialise`); kept on the round's table."""
+    settings = sgd_settings_of(envs[0])
+    stores = [
+        HostStore.initialise(
+            [envs[i] for i in g], settings, [seeds[i] for i in g], channels_last=channels_last
+        )
+        for g in _groups(envs)
+    ]
+    envs[0].table.stores = (len(envs), stores)
+    return stores
+
+
+def snapshot_rows(store: HostStore, rows: np.ndarray, *, step: int) -> None:
+    """The governor snapshots of these store rows' envs, their hosts cloned at once (a
+    fossil's weights and identity per env that has one)."""
+    bank = store.bank(rows)
+    table = store.table
+    fossil = (table.slots.stage[store.rows[rows]] == _FOSSILIZED).any(axis=1)
+    for k, (row, has_fossil) in enumerate(zip(rows.tolist(), fossil.tolist(), strict=True)):
+        env = store.envs[row]
+        fossils = snapshot_fossils(env.model) if has_fossil else {}
+        env.governor.keep(step, RowSnapshot(store, bank, k, fossils))
 
 
 def _adopt(store: HostStore) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -29,9 +30,11 @@ from torch import Tensor, nn
 
 from esper.core.enums import SeedStage
 from esper.model.blending import BlendGate
+from esper.model.builder import initialise_host
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.memory_format import is_channels_last
 from esper.model.slot_table import STAGE_CODE, codes
+from esper.model.snapshot import restore_fossils
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
@@ -45,6 +48,7 @@ _STEPPED = BLENDED_STAGES | {SeedStage.TRAINING}
 #: 4-d tensors kept channels-last are laid out (O, H, W, I) in their row.
 CHANNELS_LAST_ORDER = (0, 2, 3, 1)
 CHANNELS_LAST_INVERSE = (0, 3, 1, 2)
+_STACKED_INVERSE = tuple(1 + i for i in CHANNELS_LAST_INVERSE)
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,12 @@ class Entry:
     numel: int
     channels_last: bool
 
-    def storage_shape(self) -> tuple[int, ...]:
+    @cached_property
+    def stored(self) -> tuple[int, ...]:
+        """The shape its values have in the row (channels-last tensors: (O, H, W, I))."""
         if not self.channels_last:
             return self.shape
-        return tuple(self.shape[i] for i in CHANNELS_LAST_ORDER)
+        return tuple([self.shape[i] for i in CHANNELS_LAST_ORDER])
 
 
 class FlatLayout:
@@ -68,14 +74,19 @@ class FlatLayout:
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         self.entries = tuple(entries)
-        self.width = sum(e.numel for e in self.entries)
-        self.names = tuple(e.name for e in self.entries)
+        self.width = sum([e.numel for e in self.entries])
+        self.names = tuple([e.name for e in self.entries])
 
     @classmethod
-    def of(cls, named: Iterable[tuple[str, Tensor]]) -> FlatLayout:
+    def of(
+        cls, named: Iterable[tuple[str, Tensor]], *, channels_last: bool | None = None
+    ) -> FlatLayout:
+        """The layout of these tensors; ``channels_last``: lay every 4-d tensor out so
+        (default: as each tensor is laid out now)."""
         entries, offset = [], 0
         for name, t in named:
-            entries.append(Entry(name, tuple(t.shape), offset, t.numel(), is_channels_last(t)))
+            cl = is_channels_last(t) if channels_last is None else channels_last and t.dim() == 4
+            entries.append(Entry(name, tuple(t.shape), offset, t.numel(), cl))
             offset += t.numel()
         return cls(entries)
 
@@ -91,7 +102,7 @@ class FlatLayout:
         """Views of one row ``[width]`` shaped (and strided) like the original tensors."""
         out = []
         for e in self.entries:
-            piece = row[e.offset : e.offset + e.numel].view(e.storage_shape())
+            piece = row[e.offset : e.offset + e.numel].view(e.stored)
             out.append(piece.permute(*CHANNELS_LAST_INVERSE) if e.channels_last else piece)
         return out
 
@@ -102,9 +113,9 @@ class FlatLayout:
         out: dict[str, Tensor] = {}
         pieces = torch.split(flat, [e.numel for e in self.entries], dim=1)
         for e, piece in zip(self.entries, pieces, strict=True):
-            view = piece.view(n, *e.storage_shape())
+            view = piece.view(n, *e.stored)
             if e.channels_last:
-                view = view.permute(0, *(1 + i for i in CHANNELS_LAST_INVERSE))
+                view = view.permute(0, *_STACKED_INVERSE)
             out[e.name] = view
         return out
 
@@ -121,14 +132,17 @@ class Segment:
     gate: FlatLayout
 
     def layout(self, with_gate: bool) -> FlatLayout:
-        entries = list(self.seed.entries)
-        if with_gate:
-            base = self.seed.width
-            entries += [
-                Entry(e.name, e.shape, base + e.offset, e.numel, e.channels_last)
-                for e in self.gate.entries
-            ]
-        return FlatLayout(entries)
+        """The seed's tensors, and its gate's after them with ``with_gate``."""
+        return self._with_gate if with_gate else self.seed
+
+    @cached_property
+    def _with_gate(self) -> FlatLayout:
+        base = self.seed.width
+        gate = [
+            Entry(e.name, e.shape, base + e.offset, e.numel, e.channels_last)
+            for e in self.gate.entries
+        ]
+        return FlatLayout([*self.seed.entries, *gate])
 
     @property
     def width(self) -> int:
@@ -186,12 +200,28 @@ def _repoint(tensors: Sequence[Tensor], views: Sequence[Tensor]) -> None:
 
 
 class HostStore:
-    """The stacked tensors of one batched group for one round (module docstring)."""
+    """The stacked tensors of one batched group for one round (module docstring).
 
-    def __init__(self, envs: Sequence[EnvState], host_settings: SgdSettings) -> None:
+    Made either from envs whose modules already hold their tensors (:meth:`of_envs`:
+    their values are stacked and the tensors re-pointed to the rows), or, at the start of
+    a round, with the hosts initialised straight into it (:meth:`initialise`: the
+    modules are built on the meta device, their tensors become the rows, and each row is
+    initialised from its env's seed: no per-tensor allocation or copy per env).
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[EnvState],
+        host_settings: SgdSettings,
+        *,
+        layout: FlatLayout,
+        params: Tensor,
+        momentum: Tensor,
+        buffers: dict[str, Tensor],
+    ) -> None:
         self.envs = list(envs)
         model = envs[0].model
-        self.device = envs[0].device
+        self.device = params.device
         #: The round's table and this store's envs' rows of it (row i of the store).
         self.table = envs[0].table
         self.rows = np.array([e.row for e in envs], dtype=np.int64)
@@ -201,30 +231,10 @@ class HostStore:
         self.local_of[self.rows] = np.arange(len(envs))
         self.indices = np.array([e.index for e in envs], dtype=np.int64)
         self.host_settings = host_settings
+        self.params_layout = layout
+        self.params, self.momentum, self.buffers = params, momentum, buffers
         n = len(envs)
-        host = [list(e.model.host.named_parameters()) for e in envs]
-        self.params_layout = FlatLayout.of(host[0])
-        with torch.no_grad():
-            self.params = torch.stack(
-                [self.params_layout.flatten([p for _, p in named]) for named in host]
-            )
-            if any(e.host_optimizer.state for e in envs):  # a group formed mid-training
-                self.momentum = torch.stack(
-                    [
-                        self.params_layout.flatten([_momentum(e, p) for _, p in named])
-                        for e, named in zip(envs, host, strict=True)
-                    ]
-                )
-            else:
-                self.momentum = torch.zeros_like(self.params)
-        # One contiguous [N, *shape] tensor per buffer: vmapped BatchNorm updates its
-        # running statistics in place only in a contiguous batched tensor.
-        buffers = [dict(e.model.host.named_buffers()) for e in envs]
-        with torch.no_grad():
-            self.buffers = {k: torch.stack([b[k] for b in buffers]) for k in buffers[0]}
-        for i, env in enumerate(envs):
-            _repoint([p for _, p in host[i]], self.params_layout.row_views(self.params[i]))
-            _repoint(list(buffers[i].values()), [b[i] for b in self.buffers.values()])
+        for env in envs:
             env.store = self
         self.seeds = SeedLayout.of(model)
         self.seed_params = self.params.new_zeros(n, self.seeds.width)
@@ -246,6 +256,89 @@ class HostStore:
         part_ids = torch.repeat_interleave(torch.arange(self.n_parts), torch.tensor(widths))
         self.column_part = part_ids.to(self.device, non_blocking=True)
         self.slot_membership, self.host_ref_membership = self._memberships(model)
+
+    @classmethod
+    def of_envs(cls, envs: Sequence[EnvState], host_settings: SgdSettings) -> HostStore:
+        """A store of envs whose modules hold their tensors (values stacked; the module
+        tensors re-pointed to the rows; momentum taken from the host optimizers)."""
+        host = [list(e.model.host.named_parameters()) for e in envs]
+        layout = FlatLayout.of(host[0])
+        with torch.no_grad():
+            params = torch.stack([layout.flatten([p for _, p in named]) for named in host])
+            if any(e.host_optimizer.state for e in envs):  # a group formed mid-training
+                momentum = torch.stack(
+                    [
+                        layout.flatten([_momentum(e, p) for _, p in named])
+                        for e, named in zip(envs, host, strict=True)
+                    ]
+                )
+            else:
+                momentum = torch.zeros_like(params)
+            # One contiguous [N, *shape] tensor per buffer: vmapped BatchNorm updates its
+            # running statistics in place only in a contiguous batched tensor.
+            buffers = [dict(e.model.host.named_buffers()) for e in envs]
+            stacked = {k: torch.stack([b[k] for b in buffers]) for k in buffers[0]}
+        _place(envs, layout.stack_views(params), stacked, swap=False)
+        return cls(
+            envs, host_settings, layout=layout, params=params, momentum=momentum, buffers=stacked
+        )
+
+    @classmethod
+    def initialise(
+        cls,
+        envs: Sequence[EnvState],
+        host_settings: SgdSettings,
+        seeds: Sequence[int],
+        *,
+        channels_last: bool,
+    ) -> HostStore:
+        """A new round's store: the envs' hosts are on the meta device; each row is
+        initialised on the CPU from its env's seed (exactly the values a host built alone
+        gets), then the whole store moves to the device in one copy per tensor."""
+        host = envs[0].model.host
+        layout = FlatLayout.of(host.named_parameters(), channels_last=channels_last)
+        staging = FlatLayout.of(host.named_parameters())  # the rows' values, contiguous
+        n = len(envs)
+        params = torch.empty(n, layout.width)
+        buffers = {k: torch.empty(n, *b.shape, dtype=b.dtype) for k, b in host.named_buffers()}
+        _place(envs, staging.stack_views(params), buffers, swap=True)
+        for env, seed in zip(envs, seeds, strict=True):
+            initialise_host(env.model.host, seed)
+        device = envs[0].device
+        rows = torch.empty(n, layout.width, device=device)
+        values = staging.stack_views(params)
+        with torch.no_grad():
+            for name, view in layout.stack_views(rows).items():
+                view.copy_(values[name], non_blocking=True)
+            on_device = {k: b.to(device, non_blocking=True) for k, b in buffers.items()}
+        _place(envs, layout.stack_views(rows), on_device, swap=True)
+        return cls(
+            envs,
+            host_settings,
+            layout=layout,
+            params=rows,
+            momentum=torch.zeros_like(rows),
+            buffers=on_device,
+        )
+
+    # --- governor snapshots --------------------------------------------------------------
+
+    @torch.no_grad()
+    def bank(self, rows: np.ndarray) -> Bank:
+        """The hosts of these store rows, cloned at once (a snapshot's host part)."""
+        index = self.index(rows)
+        return Bank(
+            rows=rows,
+            params=self.params.index_select(0, index),
+            buffers={k: b.index_select(0, index) for k, b in self.buffers.items()},
+        )
+
+    @torch.no_grad()
+    def restore_host(self, row: int, bank: Bank, k: int) -> None:
+        """Store row ``row``'s host back to entry ``k`` of ``bank``."""
+        self.params[row].copy_(bank.params[k])
+        for name, b in self.buffers.items():
+            b[row].copy_(bank.buffers[name][k])
 
     def _memberships(self, model: MorphogeneticModel) -> tuple[Tensor, Tensor]:
         """[S, n_slots] seed columns of each slot, [P, n_slots] host columns of each
@@ -298,11 +391,10 @@ class HostStore:
         for i in rows:
             env = self.envs[i]
             adopted = self._adopted[i]
-            for slot_id in env.model.slot_ids:
-                slot = env.model.slot(slot_id)
+            for slot_id, slot in env.model.slots.items():
                 if slot.seed is None or adopted.get(slot_id) is slot.seed:
                     continue
-                seg = self.segment(slot_id, slot.life.blueprint)
+                seg = self.seeds.segments[(slot_id, slot.life.blueprint)]
                 named = list(slot.seed.named_parameters(prefix="seed"))
                 lay = seg.seed
                 if slot.gate is not None:
@@ -311,7 +403,7 @@ class HostStore:
                 cols = slice(seg.offset, seg.offset + lay.width)
                 tensors = [p for _, p in named]
                 self.seed_params[i, cols] = lay.flatten(tensors)
-                if any(p in opt.state for opt in env.seed_optimizers.values() for p in tensors):
+                if any([p in opt.state for opt in env.seed_optimizers.values() for p in tensors]):
                     self.seed_momentum[i, cols] = lay.flatten([_momentum(env, p) for p in tensors])
                 else:  # a new seed: no momentum yet
                     self.seed_momentum[i, cols] = 0.0
@@ -348,6 +440,61 @@ class HostStore:
                 params = dict(slot.named_parameters())
                 for name, view in zip(lay.names, lay.row_views(cols), strict=True):
                     opt.state[params[name]]["momentum_buffer"] = view
+
+
+@dataclass(frozen=True)
+class Bank:
+    """Some rows' hosts, cloned together (store row ``rows[k]`` is entry ``k``)."""
+
+    rows: np.ndarray
+    params: Tensor
+    buffers: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class RowSnapshot:
+    """One env's governor snapshot in a batched round: its host as an entry of a
+    :class:`Bank` taken for every env due at that step, and its fossils (identity and
+    weights, :func:`esper.model.snapshot.snapshot_fossils`)."""
+
+    store: HostStore
+    bank: Bank
+    k: int
+    fossils: dict[str, Tensor]
+
+    def restore(self, model: MorphogeneticModel) -> None:
+        self.store.restore_host(int(self.bank.rows[self.k]), self.bank, self.k)
+        restore_fossils(model, {name: t.clone() for name, t in self.fossils.items()})
+
+
+def _place(
+    envs: Sequence[EnvState],
+    params: dict[str, Tensor],
+    buffers: dict[str, Tensor],
+    *,
+    swap: bool,
+) -> None:
+    """Make env i's host tensors row i of the stacked ``params`` and ``buffers`` views
+    (``[N, *shape]`` by name): re-pointed in place, or (``swap``: tensors on the meta
+    device, no optimizer holds them yet) replaced by new parameters."""
+    for i, env in enumerate(envs):
+        for prefix, module in env.model.host.named_modules():
+            lead = f"{prefix}." if prefix else ""
+            for key, old in list(module._parameters.items()):
+                if old is None:
+                    continue
+                view = params[lead + key][i]
+                if swap:
+                    module._parameters[key] = nn.Parameter(view, requires_grad=old.requires_grad)
+                else:
+                    old.data = view
+            for key, buf in list(module._buffers.items()):
+                if buf is None:
+                    continue
+                if swap:
+                    module._buffers[key] = buffers[lead + key][i]
+                else:
+                    buf.data = buffers[lead + key][i]
 
 
 def _momentum(env: EnvState, p: Tensor) -> Tensor:
