@@ -64,3 +64,34 @@ def test_help_does_not_import_torch_measured_with_importtime() -> None:
     assert proc.returncode == 0
     imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines()]
     assert "torch" not in imported
+
+
+#: Blocks polars for the probe: a training machine (a lent GPU, say) need not have it.
+NO_POLARS = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "polars" or name.startswith("polars."):
+            raise ImportError("polars is not installed here")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_training_runs_without_the_analysis_layer(tmp_path: Path) -> None:
+    """``esper train`` (parser, training, telemetry) never imports polars: only the
+    analyses need it (the device check of issue 51 ran on a machine without it)."""
+    body = (
+        "from esper.cli import main\n"
+        "code = main(['train', '--task', 'digits', '--envs', '2', '--rounds', '1',\n"
+        "             '--episode-length', '2', '--no-progress', '--telemetry-dir',\n"
+        f"             {str(tmp_path)!r}, '--run-id', 'r'])\n"
+        "assert code == 0, code\n"
+        "assert 'polars' not in sys.modules"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_POLARS + body],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -24,18 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Final
 
+from esper.commands.serve_defaults import DEFAULT_PORT, DEFAULT_REFRESH_S, HOST
 from esper_analysis.catalogue import RunEntry, catalogue, run_dirs
 from esper_analysis.errors import AnalysisError
 from esper_analysis.loader import is_run_dir, load_run
 from esper_analysis.report import build_report
 from esper_analysis.tables import format_value
 
-#: Only this machine can connect.
-HOST: Final = "127.0.0.1"
-#: The default port (``--port 0``: any free port).
-DEFAULT_PORT: Final = 8049
-#: Seconds between reloads of a page while a run is running.
-DEFAULT_REFRESH_S: Final = 5
 #: A run's report: ``/run/<directory name>/``.
 _RUN_PATH: Final = re.compile(r"/run/(?P<name>[^/]+)/?")
 #: The status a live run has in the catalogue.

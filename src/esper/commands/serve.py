@@ -8,6 +8,7 @@ import errno
 import sys
 from pathlib import Path
 
+from esper.commands.serve_defaults import DEFAULT_PORT, DEFAULT_REFRESH_S, HOST
 from esper.errors import UserError
 
 HELP = "serve the runs' catalogue and reports in a browser on localhost (live runs reload)"
@@ -37,7 +38,6 @@ def _seconds(text: str) -> int:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from esper_analysis.serve import DEFAULT_PORT, DEFAULT_REFRESH_S, HOST
 
     parser.description = (
         f"{HELP}. Binds {HOST} only: other machines cannot connect (use an SSH tunnel, "

@@ -49,8 +49,11 @@ class StepStats:
 
 
 def stream_ctx(env: EnvState) -> contextlib.AbstractContextManager[object]:
+    """Run on the env's stream, after everything the caller's stream has queued so far
+    (loader tensors, accumulators made there): a wait on the device, not the host."""
     if env.stream is None:
         return contextlib.nullcontext()
+    env.stream.wait_stream(torch.cuda.current_stream(env.device))
     return torch.cuda.stream(env.stream)
 
 
@@ -65,9 +68,8 @@ def autocast(device: torch.device, amp: AmpMode) -> contextlib.AbstractContextMa
 def _prepare_inputs(
     env: EnvState, x: torch.Tensor, y: torch.Tensor, opts: PassOptions
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move a batch to the env's device/stream (no sync: non_blocking, record_stream)."""
-    if env.stream is not None:
-        env.stream.wait_stream(torch.cuda.current_stream(env.device))
+    """Move a batch to the env's device/stream (no sync: non_blocking, record_stream);
+    the stream already waits for the caller's (:func:`stream_ctx`)."""
     x = x.to(env.device, non_blocking=True)
     y = y.to(env.device, non_blocking=True)
     if opts.channels_last and x.dim() == 4:
