@@ -19,6 +19,7 @@ from torch import Tensor
 from esper.core.constants import HEAD_NAMES
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Hidden
+from esper.training.governor import penalized_step
 
 
 class RolloutBuffer:
@@ -180,7 +181,7 @@ class RolloutBuffer:
             raise ValueError(f"env {env} out of range [0, {self.n_envs})")
         self._check_step(to_step)
         start = min(max(from_step, 0), to_step)
-        blame = max(to_step - 1, 0)
+        blame = penalized_step(to_step)
         learn = penalty if penalty_normalized is None else penalty_normalized
         self.rolled_back[env, start:to_step] = True
         if to_step > 0:

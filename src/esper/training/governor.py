@@ -20,6 +20,14 @@ from esper.core.enums import Initiator, PruneReason, RollbackReason
 from esper.core.records import RollbackRecord
 
 
+def penalized_step(panic_step: int) -> int:
+    """The one rule of where a rollback's penalty lands, for the buffer, the events and
+    the episode alike: the decision that led into the failed epoch (a panic found after
+    epoch ``p`` blames transition ``p - 1``), or the first decision when the panic came
+    before any (``p == 0``)."""
+    return max(panic_step - 1, 0)
+
+
 class Restorable(Protocol):
     """A snapshot kept outside the model's own ``snapshot_state`` (a batched store's rows
     taken for many envs at once): it puts itself back."""

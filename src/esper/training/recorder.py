@@ -42,6 +42,7 @@ from esper.telemetry.hub import Hub
 from esper.training.batch_ops import LAYER_STAT_FIELDS, StepStats
 from esper.training.counterfactual import REASONS, Attribution
 from esper.training.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
+from esper.training.governor import penalized_step
 
 if TYPE_CHECKING:
     from esper.training.anomaly import Anomaly
@@ -303,7 +304,7 @@ class Recorder:
             for row, (names, values) in enumerate(zip(e.layer_names, e.stats.extra, strict=True)):
                 self._layer_stats(names, values, rnd=rnd, env=self.env_offset + row, step=step)
         for rb in e.rollbacks:
-            self._penalize(rb.local, rb.penalty)
+            self._penalize(rb.local, rb.penalty, penalized_step(step))
             self._lifecycle(rb.pruned_records, rnd=rnd, step=step)
             self._rollback(rb.record, rnd=rnd, env=self.env_offset + rb.local, step=step)
         self._lifecycle(e.records, rnd=rnd, step=step)
@@ -388,13 +389,15 @@ class Recorder:
         )
 
     # ------------------------------------------------------------------ helpers
-    def _penalize(self, row: int, penalty: float) -> None:
-        """A rollback penalised the decision that led into the failed epoch: the pending
-        reward, or (panic at step 0, before any decision) the first one to come."""
-        if self._pending is None:
-            self._carried[row] = self._carried.get(row, 0.0) + penalty
+    def _penalize(self, row: int, penalty: float, step: int) -> None:
+        """Put a rollback's penalty on the reward of ``step`` (:func:`penalized_step`):
+        the pending one (emitted a step late), or, before any was computed, the first to
+        come."""
+        pending = self._pending
+        if pending is not None and pending.step == step:
+            with_rollback_penalty(pending.breakdown[row], penalty)
         else:
-            with_rollback_penalty(self._pending.breakdown[row], penalty)
+            self._carried[row] = self._carried.get(row, 0.0) + penalty
 
     def _lifecycle(self, records: Records, *, rnd: int, step: int) -> None:
         offset = self.env_offset
@@ -411,7 +414,7 @@ class Recorder:
                 loss=rec.loss,
                 threshold=rec.threshold,
                 restored_to_step=rec.restored_to_step,
-                penalized_step=max(step - 1, 0),
+                penalized_step=penalized_step(step),
                 seeds_pruned=list(rec.seeds_pruned),
                 transitions_affected=rec.transitions_affected,
                 penalty=rec.penalty,
