@@ -41,7 +41,7 @@ from esper.core.enums import TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training.evaluate import evaluate
+from esper.training.loop.evaluate import evaluate
 from esper.training.run import train
 
 FAMILY_CONFIG = REPO_ROOT / "configs" / "learning_family.toml"

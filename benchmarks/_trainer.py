@@ -35,8 +35,8 @@ from esper.data.iterator import SharedBatchIterator
 from esper.data.tasks import TaskData, load_task
 from esper.model import build_model
 from esper.telemetry.paths import type_rank_dir
-from esper.training.env_factory import env_seed
-from esper.training.env_state import make_host_optimizer
+from esper.training.envs.env_factory import env_seed
+from esper.training.envs.env_state import make_host_optimizer
 from esper.training.run import train
 
 #: Validation batches are this many training batches (what the trainer uses).

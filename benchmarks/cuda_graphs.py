@@ -4,7 +4,7 @@ stacked against per env.
 Issue 37 asks whether the batched step should be captured as a CUDA graph with a
 fixed-shape seed layout ("sleeper seeds"). Before building that layout, this script
 measures the headroom on the step as it is today: one
-:class:`~esper.training.slot_groups.HostBatch` train step (forward, backward, per-env
+:class:`~esper.training.passes.slot_groups.HostBatch` train step (forward, backward, per-env
 clip, SGD for every env) on ``synthetic_ref`` hosts, for four seed layouts held fixed:
 
 - ``host``: no seeds (the start of every episode);
@@ -51,20 +51,20 @@ import torch
 from esper.core.enums import GerminationStyle, Initiator, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import load_task
-from esper.training.action_execution import sync_seed_optimizers
-from esper.training.batch_ops import PassOptions, train_batch, validate_fused
-from esper.training.counterfactual import Ablations, ablations, unavailable_reasons
-from esper.training.env_factory import EnvFactory
-from esper.training.env_state import EnvState
-from esper.training.envs import VAL_BATCH_FACTOR
-from esper.training.host_batching import (
+from esper.training.envs.action_execution import sync_seed_optimizers
+from esper.training.envs.counterfactual import Ablations, ablations, unavailable_reasons
+from esper.training.envs.env_factory import EnvFactory
+from esper.training.envs.env_state import EnvState
+from esper.training.envs.host_envs import VAL_BATCH_FACTOR
+from esper.training.envs.step_rewards import effective_alphas
+from esper.training.launch_count import LaunchCounter
+from esper.training.passes.batch_ops import PassOptions, train_batch, validate_fused
+from esper.training.passes.host_batching import (
     _validate_rows,
     round_stores,
     validate_batched,
 )
-from esper.training.launch_count import LaunchCounter
-from esper.training.slot_groups import HostBatch
-from esper.training.step_rewards import effective_alphas
+from esper.training.passes.slot_groups import HostBatch
 
 LAYOUTS = ("host", "one_kind", "mixed", "late")
 #: Most seeds an env of the ``late`` layout blends at once.

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from esper.core.constants import HOST_GRAD_CLIP
 from esper.core.enums import AmpMode
 from esper.data.iterator import SharedBatchIterator
-from esper.training.batch_ops import PassOptions, train_epoch
-from esper.training.env_factory import EnvFactory
+from esper.training.envs.env_factory import EnvFactory
+from esper.training.passes.batch_ops import PassOptions, train_epoch
 
 DEFAULT_REPEATS = 3
 DEFAULT_EPOCHS = 10

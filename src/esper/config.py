@@ -296,7 +296,7 @@ class TelemetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields
     queue_capacity: Positive = 65536
     drop_when_full: bool = False
     escalation_rounds: NonNegative = 2
-    # --- anomaly detection on each PPO update (training/anomaly.py) ---------------------
+    # --- anomaly detection on each PPO update (training/loop/anomaly.py) ---------------------
     #: Largest probability ratio of an update before it is a ratio explosion.
     anomaly_ratio_max: PositiveFloat = 5.0
     #: approx KL above this multiple of ``ppo.target_kl`` is a KL spike.
@@ -332,7 +332,7 @@ class RunConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     #: where runs stay bit-identical).
     tf32: bool = True
     #: Train the envs' CNN hosts as one vmapped graph per batch, seeds grouped per slot
-    #: (``training/slot_groups.py``); results equal the per-env path up to float
+    #: (``training/passes/slot_groups.py``); results equal the per-env path up to float
     #: summation order. "auto" (:meth:`Config.batches_envs`): on for float32 CUDA runs
     #: without a host family (1.7-2x the per-env trainer's EPS at 16-64 envs on an
     #: H200), off on a CPU, where it is slower.

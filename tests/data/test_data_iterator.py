@@ -101,7 +101,7 @@ def test_without_the_split_every_env_trains_on_the_same_samples() -> None:
 
 
 def test_rank_shards_without_the_split_see_the_same_samples() -> None:
-    from esper.training.distributed import RankShardIterator
+    from esper.training.loop.distributed import RankShardIterator
 
     x, y = _data()
     kwargs = dict(batch_size=8, seed=3, samples_per_env=20, device=torch.device("cpu"))

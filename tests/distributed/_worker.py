@@ -13,11 +13,11 @@ from typing import Any
 
 from esper.config import Config, with_overrides
 from esper.data.tasks import load_task
-from esper.training.distributed import init_collective
-from esper.training.faults import FaultPlan, parse_fault
-from esper.training.policy_factory import build_policy
+from esper.training.learning.policy_factory import build_policy
+from esper.training.loop.distributed import init_collective
+from esper.training.loop.faults import FaultPlan, parse_fault
+from esper.training.loop.run_setup import action_space_for
 from esper.training.run import train
-from esper.training.run_setup import action_space_for
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ import torch
 from esper_analysis import load_run
 from esper_analysis.counts import event_counts
 
-from esper.training.checkpoint import read_checkpoint
+from esper.training.loop.checkpoint import read_checkpoint
 
 WORKER = Path(__file__).with_name("_worker.py")
 #: A launch must end well inside this (a hang is the failure these tests guard against).
@@ -286,8 +286,8 @@ def test_report_of_a_two_rank_run(cli_run: Path, tmp_path: Path) -> None:
 def test_resuming_a_smaller_world_names_the_world_size(tmp_path: Path) -> None:
     from esper.config import Config
     from esper.errors import CheckpointError
-    from esper.training.checkpoint import compat_fingerprint, save_checkpoint
-    from esper.training.distributed import Collective, rank_checkpoint
+    from esper.training.loop.checkpoint import compat_fingerprint, save_checkpoint
+    from esper.training.loop.distributed import Collective, rank_checkpoint
 
     cfg = Config()
     path = tmp_path / "checkpoint.pt"

@@ -180,7 +180,7 @@ def manifest(run_dir: Path) -> dict[str, Any]:
 
 def checkpoint_position(path: Path) -> tuple[str, int, int]:
     """(run id, next round, seq position) of a checkpoint, loaded the safe way."""
-    from esper.training.checkpoint import read_checkpoint
+    from esper.training.loop.checkpoint import read_checkpoint
 
     state = read_checkpoint(path)
     return str(state["run_id"]), int(state["next_round"]), int(state["seq_position"])

@@ -227,7 +227,7 @@ def test_cifar10_file_with_bad_labels(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def _checkpoint_for(tmp: Path, cfg: Config, name: str = "ckpt.pt", **extra: Any) -> Path:
     """A checkpoint written by the real writer for ``cfg`` (learner state left empty)."""
-    from esper.training.checkpoint import compat_fingerprint, save_checkpoint
+    from esper.training.loop.checkpoint import compat_fingerprint, save_checkpoint
 
     path = tmp / name
     state: dict[str, Any] = {
@@ -303,7 +303,7 @@ def test_no_single_flipped_byte_resumes_a_different_run(tmp_path: Path) -> None:
     import torch
 
     from esper.errors import CheckpointError
-    from esper.training.checkpoint import load_checkpoint
+    from esper.training.loop.checkpoint import load_checkpoint
 
     cfg = _cli_config(tmp_path)
     weights = {"w": torch.arange(4096, dtype=torch.float32)}

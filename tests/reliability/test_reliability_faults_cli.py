@@ -275,7 +275,7 @@ def test_rollback_penalty_lands_on_the_penalized_reward_event(
     from esper.core.enums import TelemetryLevel
     from esper.core.records import REWARD_COMPONENTS
     from esper.telemetry.hub import MemoryHub
-    from esper.training.faults import Fault, FaultKind, FaultPlan
+    from esper.training.loop.faults import Fault, FaultKind, FaultPlan
     from esper.training.run import train
 
     cfg = with_overrides(

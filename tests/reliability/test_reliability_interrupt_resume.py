@@ -193,7 +193,7 @@ def test_a_completed_round_not_yet_saved_is_saved_on_error(tmp_path: Path) -> No
     from esper.config import load_config, with_overrides
     from esper.core.enums import TelemetryLevel
     from esper.telemetry.hub import MemoryHub
-    from esper.training.faults import Fault, FaultKind, FaultPlan, InjectedDataError
+    from esper.training.loop.faults import Fault, FaultKind, FaultPlan, InjectedDataError
     from esper.training.run import CheckpointLedger, train
 
     cfg = with_overrides(

@@ -22,7 +22,7 @@ from esper.config import load_config, with_overrides
 from esper.errors import CheckpointError, UserError
 from esper.telemetry.hub import MemoryHub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
-from esper.training.checkpoint import CHECKPOINT_FORMAT, compat_fingerprint, load_checkpoint
+from esper.training.loop.checkpoint import CHECKPOINT_FORMAT, compat_fingerprint, load_checkpoint
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -148,7 +148,7 @@ def test_resume_cannot_continue_into_a_foreign_run_id(
         load_config(write_small_config(tmp_path)),
         {"run.n_envs": 2, "run.episode_length": 4, "task.name": "digits"},
     )
-    from esper.training.checkpoint import save_checkpoint
+    from esper.training.loop.checkpoint import save_checkpoint
 
     ckpt = tmp_path / "ckpt.pt"
     save_checkpoint(

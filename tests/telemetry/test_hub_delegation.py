@@ -8,7 +8,7 @@ from esper.core.enums import TelemetryLevel
 from esper.telemetry import events as ev
 from esper.telemetry.emit_log import EmitLogHub
 from esper.telemetry.hub import DelegatingHub, Hub, MemoryHub, StampingHub
-from esper.training.distributed import RankHub
+from esper.training.loop.distributed import RankHub
 
 
 def _round_started() -> ev.RoundStarted:

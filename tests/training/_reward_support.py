@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from esper.core.enums import LifecycleOp
-from esper.training.rewards import RewardInputs
+from esper.training.envs.rewards import RewardInputs
 
 
 def reward_inputs(**kw: object) -> RewardInputs:

@@ -14,9 +14,9 @@ from esper.config import Config, with_overrides
 from esper.core.constants import CNN_BLUEPRINTS
 from esper.core.enums import AmpMode, GerminationStyle, Initiator, SeedStage
 from esper.data.tasks import load_task
-from esper.training.action_execution import sync_seed_optimizers
-from esper.training.batch_ops import PassOptions, train_batch
-from esper.training.env_factory import EnvFactory
+from esper.training.envs.action_execution import sync_seed_optimizers
+from esper.training.envs.env_factory import EnvFactory
+from esper.training.passes.batch_ops import PassOptions, train_batch
 
 
 def _germinated_env() -> tuple[object, torch.Tensor, torch.Tensor]:
@@ -68,7 +68,7 @@ def test_train_batch_steps_only_optimizers_with_gradients(scaled: bool) -> None:
 
 
 def test_amp_asked_for_on_cpu_warns_and_resolves_off() -> None:
-    from esper.training.learner import resolve_amp
+    from esper.training.learning.learner import resolve_amp
 
     cfg = with_overrides(Config(), {"run.amp": "fp16"})
     with pytest.warns(UserWarning, match="needs a CUDA device"):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from esper.core.constants import HEAD_NAMES
 from esper.policy.actions import head_sizes
 from esper.policy.masks import ActionMasks
-from esper.training.buffer import RolloutBuffer
+from esper.training.learning.buffer import RolloutBuffer
 
 N_SLOTS, OBS_DIM, HIDDEN = 3, 5, 4
 SIZES = head_sizes(N_SLOTS)

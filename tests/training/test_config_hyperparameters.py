@@ -19,11 +19,11 @@ from esper.core.enums import AnomalyKind, LifecycleOp, SeedStage, TaskName, Topo
 from esper.core.records import PPOMetrics, SlotReport
 from esper.data.tasks import TaskSpec
 from esper.model import build_model
-from esper.training.anomaly import detect_anomalies
-from esper.training.env_state import make_host_optimizer, make_seed_optimizer
-from esper.training.governor import Governor
-from esper.training.normalizers import RewardNormalizer
-from esper.training.rewards import compute_reward
+from esper.training.envs.env_state import make_host_optimizer, make_seed_optimizer
+from esper.training.envs.governor import Governor
+from esper.training.envs.rewards import compute_reward
+from esper.training.learning.normalizers import RewardNormalizer
+from esper.training.loop.anomaly import detect_anomalies
 
 GAMMA = 0.99
 
@@ -118,7 +118,7 @@ def test_anomaly_thresholds_come_from_the_telemetry_section() -> None:
 @pytest.mark.parametrize("tf32", [True, False])
 def test_tf32_follows_the_config_on_cuda_and_is_left_alone_on_cpu(tf32: bool) -> None:
     from esper.config import Config, with_overrides
-    from esper.training.run_setup import configure_torch
+    from esper.training.loop.run_setup import configure_torch
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     threads = torch.get_num_threads()
@@ -202,7 +202,7 @@ def test_a_menu_binds_only_the_policy_that_runs() -> None:
 def test_signal_thresholds_reach_every_env_tracker() -> None:
     from esper.config import Config
     from esper.data.tasks import task_spec
-    from esper.training.env_factory import EnvFactory
+    from esper.training.envs.env_factory import EnvFactory
 
     cfg = msgspec.convert(
         {"policy": {"plateau_gain_pp": 2.0, "stabilise_gain_pp": 0.25, "stabilise_epochs": 4}},
@@ -219,7 +219,7 @@ def test_signal_thresholds_reach_every_env_tracker() -> None:
 def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from esper.training.run_setup import intra_op_threads
+    from esper.training.loop.run_setup import intra_op_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -237,7 +237,7 @@ def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
     from esper.core.constants import ALL_BLUEPRINTS
     from esper.data.tasks import load_task
     from esper.errors import ConfigError
-    from esper.training.run_setup import action_space_for
+    from esper.training.loop.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"blueprints": ["conv_heavy", "norm"]}})
     data = load_task(cfg.task, seed=0)
@@ -267,7 +267,7 @@ def test_policy_alpha_targets_mask_the_alpha_head() -> None:
     from esper.data.tasks import load_task
     from esper.model import build_model
     from esper.policy.masks import compute_masks
-    from esper.training.run_setup import action_space_for
+    from esper.training.loop.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"alpha_targets": [1.0]}})
     data = load_task(cfg.task, seed=0)
@@ -288,7 +288,7 @@ def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
     from esper.data.tasks import load_task
     from esper.model import build_model
     from esper.policy.masks import compute_masks
-    from esper.training.run_setup import action_space_for
+    from esper.training.loop.run_setup import action_space_for
 
     cfg = config_from_dict({"policy": {"styles": ["linear_add", "gated_gate"], "tempos": [5]}})
     data = load_task(cfg.task, seed=0)
@@ -339,7 +339,7 @@ def test_a_checkpoint_resumes_whether_or_not_the_envs_are_batched() -> None:
     """Batching is how envs execute (equal up to float summation order), like the
     device: a run checkpointed per env may continue batched on a GPU."""
     from esper.config import Config, with_overrides
-    from esper.training.checkpoint import compat_fingerprint
+    from esper.training.loop.checkpoint import compat_fingerprint
 
     per_env = with_overrides(Config(), {"run.batch_envs": False})
     assert compat_fingerprint(per_env) == compat_fingerprint(Config())

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from esper.core.enums import CounterfactualUnavailable as U
 from esper.core.enums import SeedStage
 from esper.model.slot_table import STAGE_CODE
-from esper.training.counterfactual import (
+from esper.training.envs.counterfactual import (
     REASONS,
     ablations,
     attribute,

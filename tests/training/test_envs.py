@@ -1,4 +1,4 @@
-"""The vectorized host-env boundary (training/envs.py) and the Recorder (issue 15).
+"""The vectorized host-env boundary (training/envs/host_envs.py) and the Recorder (issue 15).
 
 HostEnvs returns data only: it has no hub, and a rollback comes back as a value the
 trainer hands to the learner. The Recorder is the one place results become events.
@@ -20,13 +20,13 @@ from esper.data.tasks import load_task
 from esper.policy.actions import DecodedAction, encode_action
 from esper.telemetry.events import event_tag
 from esper.telemetry.hub import MemoryHub
-from esper.training.batch_ops import StepStats
-from esper.training.counterfactual import Attribution
-from esper.training.env_results import Epoch, PhaseTimes, Rollback, Transitions
-from esper.training.envs import HostEnvs
-from esper.training.faults import Fault, FaultKind, FaultPlan
-from esper.training.recorder import Recorder
-from esper.training.run_setup import action_space_for
+from esper.training.envs.counterfactual import Attribution
+from esper.training.envs.env_results import Epoch, PhaseTimes, Rollback, Transitions
+from esper.training.envs.host_envs import HostEnvs
+from esper.training.loop.faults import Fault, FaultKind, FaultPlan
+from esper.training.loop.recorder import Recorder
+from esper.training.loop.run_setup import action_space_for
+from esper.training.passes.batch_ops import StepStats
 
 N_ENVS = 2
 HORIZON = 4

@@ -19,7 +19,7 @@ from esper.data.tasks import load_task
 from esper.policy.features import build_features
 from esper.policy.signals import SignalTracker
 from esper.telemetry.hub import MemoryHub
-from esper.training.buffer import RolloutBuffer
+from esper.training.learning.buffer import RolloutBuffer
 from esper.training.run import train
 
 

@@ -20,13 +20,13 @@ from esper.data.tasks import load_task
 from esper.errors import CheckpointError, ConfigError, UserError
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training.checkpoint import read_checkpoint
-from esper.training.envs import HostEnvs
-from esper.training.evaluate import evaluate
-from esper.training.learner import Learner
-from esper.training.policy_factory import build_policy
+from esper.training.envs.host_envs import HostEnvs
+from esper.training.learning.learner import Learner
+from esper.training.learning.policy_factory import build_policy
+from esper.training.loop.checkpoint import read_checkpoint
+from esper.training.loop.evaluate import evaluate
+from esper.training.loop.run_setup import action_space_for
 from esper.training.run import train
-from esper.training.run_setup import action_space_for
 
 HELD_OUT = [{"name": "held", "block_channels": [4, 8, 16]}]
 

@@ -26,9 +26,9 @@ from esper.policy.actions import DecodedAction
 from esper.policy.heuristic import HeuristicPolicy, validity
 from esper.policy.signals import SignalTracker
 from esper.telemetry.events import EVENT_LEVELS, event_tag
-from esper.training.faults import Fault, FaultKind, FaultPlan
+from esper.training.loop.faults import Fault, FaultKind, FaultPlan
+from esper.training.loop.run_setup import action_space_for
 from esper.training.run import train
-from esper.training.run_setup import action_space_for
 
 #: Long enough for germinate (1) + G1 (1) + G2's 10 epochs + a 5-epoch blend + hold + fossilize.
 LIFECYCLE_EPISODE = 20

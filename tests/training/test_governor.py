@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from esper.config import GovernorConfig
 from esper.core.enums import Initiator, PruneReason, RollbackReason
-from esper.training.governor import Governor
+from esper.training.envs.governor import Governor
 
 MIN_HISTORY = GovernorConfig().min_history
 

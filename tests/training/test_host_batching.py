@@ -32,20 +32,20 @@ from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData, load_task
 from esper.telemetry.events import event_tag
 from esper.telemetry.hub import MemoryHub
-from esper.training.action_execution import sync_seed_optimizers
-from esper.training.batch_ops import PassOptions, train_epoch, validate_fused
-from esper.training.env_factory import EnvFactory
-from esper.training.env_state import EnvState
-from esper.training.faults import Fault, FaultKind, FaultPlan
-from esper.training.host_batching import (
+from esper.training.envs.action_execution import sync_seed_optimizers
+from esper.training.envs.env_factory import EnvFactory
+from esper.training.envs.env_state import EnvState
+from esper.training.loop.faults import Fault, FaultKind, FaultPlan
+from esper.training.passes.batch_ops import PassOptions, train_epoch, validate_fused
+from esper.training.passes.host_batching import (
     Batch,
     round_stores,
     train_epoch_batched,
     validate_batched,
 )
-from esper.training.host_store import HostStore
+from esper.training.passes.host_store import HostStore
+from esper.training.passes.slot_groups import HostBatch
 from esper.training.run import train
-from esper.training.slot_groups import HostBatch
 
 N_ENVS = 4
 SAMPLES_PER_ENV = 96

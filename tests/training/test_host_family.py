@@ -31,10 +31,10 @@ from esper.policy.features import (
 )
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training.env_factory import EnvFactory, member_host
-from esper.training.envs import HostEnvs
+from esper.training.envs.env_factory import EnvFactory, member_host
+from esper.training.envs.host_envs import HostEnvs
+from esper.training.loop.run_setup import action_space_for
 from esper.training.run import train
-from esper.training.run_setup import action_space_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

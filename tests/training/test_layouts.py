@@ -8,9 +8,9 @@ import torch
 
 from esper.core.layout import Layout
 from esper.policy.actions import N_HEADS, N_OPS
-from esper.training.batch_ops import VAL_HEAD, gather_step_stats
-from esper.training.learner import DECISION_ROW
-from esper.training.ppo import METRICS_LAYOUT
+from esper.training.learning.learner import DECISION_ROW
+from esper.training.learning.ppo import METRICS_LAYOUT
+from esper.training.passes.batch_ops import VAL_HEAD, gather_step_stats
 
 
 def test_layout_slices_follow_declaration_order() -> None:

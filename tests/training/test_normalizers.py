@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
+from esper.training.learning.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 
 
 @settings(max_examples=50, deadline=None)

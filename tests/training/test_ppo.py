@@ -15,9 +15,9 @@ from esper.core.enums import LifecycleOp, Topology
 from esper.policy.actions import ActionSpace
 from esper.policy.masks import ActionMasks
 from esper.policy.network import FactoredActorCritic
-from esper.training.buffer import RolloutBuffer
-from esper.training.normalizers import ValueNormalizer
-from esper.training.ppo import PPOUpdater
+from esper.training.learning.buffer import RolloutBuffer
+from esper.training.learning.normalizers import ValueNormalizer
+from esper.training.learning.ppo import PPOUpdater
 
 SPACE = ActionSpace(("s0", "s1"), Topology.CNN)
 SIZES = SPACE.head_sizes
@@ -293,7 +293,7 @@ def _random_context_rollout(t: int, chunk_length: int, **cfg: object):
 def test_chunks_replay_the_rollout_from_stored_recurrent_states(chunk_length: int) -> None:
     """Each chunk resumes the LSTM from the state stored at collection: the replayed
     log-probs and values equal the collected ones (ratio 1 before any gradient step)."""
-    from esper.training.ppo import _Chunks
+    from esper.training.learning.ppo import _Chunks
 
     net, vn, buf, _upd = _random_context_rollout(7, chunk_length)
     ch = _Chunks(buf, chunk_length, buf.advantages, buf.returns)

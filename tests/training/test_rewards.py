@@ -16,7 +16,7 @@ from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
 from esper.telemetry.hub import MemoryHub
-from esper.training.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
+from esper.training.envs.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
 from esper.training.run import train
 
 GAMMA = 0.995
@@ -392,9 +392,9 @@ def test_param_cost_basis_blended_charges_only_what_reaches_the_output() -> None
 
     from esper.core.enums import GerminationStyle, Initiator, ParamCostBasis, PruneReason
     from esper.core.records import REWARD_COMPONENTS
-    from esper.training.env_factory import EnvFactory
-    from esper.training.rewards import compute_rewards
-    from esper.training.step_rewards import Target, reward_columns
+    from esper.training.envs.env_factory import EnvFactory
+    from esper.training.envs.rewards import compute_rewards
+    from esper.training.envs.step_rewards import Target, reward_columns
 
     cfg = with_overrides(Config(), {"run.n_envs": 1, "task.name": "digits"})
     data = load_task(cfg.task, seed=0)

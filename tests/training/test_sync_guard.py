@@ -19,12 +19,12 @@ import torch
 from esper.config import Config, with_overrides
 from esper.core.enums import Initiator, PolicyKind
 from esper.data.tasks import load_task
-from esper.training.env_results import PhaseTimes
-from esper.training.envs import HostEnvs
+from esper.training.envs.env_results import PhaseTimes
+from esper.training.envs.host_envs import HostEnvs
 from esper.training.launch_count import HostSyncError, LaunchCounter, SyncGuard
-from esper.training.learner import Learner
-from esper.training.policy_factory import build_policy
-from esper.training.run_setup import action_space_for
+from esper.training.learning.learner import Learner
+from esper.training.learning.policy_factory import build_policy
+from esper.training.loop.run_setup import action_space_for
 
 N_ENVS = 3
 HORIZON = 3

@@ -15,7 +15,7 @@ from esper.core.records import REWARD_COMPONENTS
 from esper.data.tasks import load_task
 from esper.telemetry.events import EVENT_LEVELS, event_tag
 from esper.telemetry.hub import MemoryHub
-from esper.training.faults import Fault, FaultKind, FaultPlan, InjectedDataError
+from esper.training.loop.faults import Fault, FaultKind, FaultPlan, InjectedDataError
 from esper.training.run import train
 
 #: Fields that legitimately differ between two identical runs (clocks and timings).
@@ -349,7 +349,7 @@ def test_op_prior_config_is_strict_and_reaches_the_policy() -> None:
     from esper.core.enums import LifecycleOp, Topology
     from esper.errors import ConfigError
     from esper.policy.actions import ActionSpace
-    from esper.training.policy_factory import build_policy, op_prior_logits
+    from esper.training.learning.policy_factory import build_policy, op_prior_logits
 
     assert get_args(OpName) == tuple(op.name.lower() for op in LifecycleOp)  # same order too
     assert op_prior_logits(Config()) == [0.0, 0.0, 0.0, -2.0, 0.0, 0.0]  # default: prune -2

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     base = None
     if not args.config:
         from esper.config import with_overrides
-        from esper.training.checkpoint import checkpoint_config  # imports torch
+        from esper.training.loop.checkpoint import checkpoint_config  # imports torch
 
         # the trained run's id is taken: the evaluation is a run of its own
         base = with_overrides(checkpoint_config(args.checkpoint), {"run.run_id": ""})

@@ -262,7 +262,7 @@ def run_with_kind(args: argparse.Namespace, kind: PolicyKind | None = None) -> i
         )
     base = None
     if args.resume and not args.config:  # the checkpoint's own config; flags override it
-        from esper.training.checkpoint import checkpoint_config  # imports torch
+        from esper.training.loop.checkpoint import checkpoint_config  # imports torch
 
         base = checkpoint_config(args.resume)
     cfg = build_config(args, kind, base)
@@ -275,7 +275,7 @@ def run_with_kind(args: argparse.Namespace, kind: PolicyKind | None = None) -> i
 def _check_cheap_inputs(cfg: Config, args: argparse.Namespace) -> None:
     """Fail on a bad run id or fault spec before paying for the torch import."""
     from esper.telemetry.paths import validate_run_id
-    from esper.training.faults import check_faults, parse_fault
+    from esper.training.loop.faults import check_faults, parse_fault
 
     if cfg.run.run_id:
         validate_run_id(cfg.run.run_id)

@@ -21,10 +21,10 @@ from rich.table import Table
 from esper.config import Config
 from esper.errors import UserError
 from esper.telemetry.writer import TelemetryWriteError
-from esper.training.distributed import DEFAULT_TIMEOUT_S, Collective, init_collective
-from esper.training.faults import FaultPlan, parse_fault
+from esper.training.loop.distributed import DEFAULT_TIMEOUT_S, Collective, init_collective
+from esper.training.loop.faults import FaultPlan, parse_fault
+from esper.training.loop.trainer import RoundSummary, StepProgress
 from esper.training.run import CheckpointLedger, Terminated, TrainResult, train
-from esper.training.trainer import RoundSummary, StepProgress
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -139,7 +139,7 @@ def _run_training(cfg: Config, args: argparse.Namespace, collective: Collective 
 
 def run_evaluation(cfg: Config, args: argparse.Namespace) -> int:
     """``esper evaluate``: progress, the summary table and the optional report."""
-    from esper.training.evaluate import evaluate
+    from esper.training.loop.evaluate import evaluate
 
     console = Console(stderr=True)
     view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())

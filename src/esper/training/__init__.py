@@ -1,3 +1,4 @@
-"""The learning side: rollout buffer, PPO, normalisers, rewards, counterfactual
-attribution, the governor and the vectorized trainer. No eager imports: import the
-submodule you need (``esper.training.ppo``) so importing the package stays cheap."""
+"""Training, in four rooms: the loop (``loop``), the envs and their step (``envs``), the
+host passes (``passes``) and the learner (``learning``); ``run.train`` is the entry
+point. No eager imports: import the submodule you need
+(``esper.training.learning.ppo``) so importing the package stays cheap."""

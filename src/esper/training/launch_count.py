@@ -69,17 +69,17 @@ HOST_READ_METHODS = frozenset({"tolist", "numpy"})
 
 #: Phase of an op: the innermost of these functions on its call stack (module, qualname).
 PHASES: tuple[tuple[str, str, str], ...] = (
-    ("esper.training.batch_ops", "train_epoch", "train"),
-    ("esper.training.host_batching", "train_epoch_batched", "train"),
-    ("esper.training.batch_ops", "validate_fused", "validation"),
-    ("esper.training.host_batching", "validate_batched", "validation"),
-    ("esper.training.batch_ops", "gather_step_stats", "validation"),
-    ("esper.training.envs", "HostEnvs._ablation_plan", "validation"),
-    ("esper.training.envs", "HostEnvs.observe", "policy"),
-    ("esper.training.learner", "Learner.decide", "policy"),
-    ("esper.training.envs", "HostEnvs.step", "action"),
-    ("esper.training.learner", "Learner.record_step", "action"),
-    ("esper.training.learner", "Learner.end_round", "ppo"),
+    ("esper.training.passes.batch_ops", "train_epoch", "train"),
+    ("esper.training.passes.host_batching", "train_epoch_batched", "train"),
+    ("esper.training.passes.batch_ops", "validate_fused", "validation"),
+    ("esper.training.passes.host_batching", "validate_batched", "validation"),
+    ("esper.training.passes.batch_ops", "gather_step_stats", "validation"),
+    ("esper.training.envs.host_envs", "HostEnvs._ablation_plan", "validation"),
+    ("esper.training.envs.host_envs", "HostEnvs.observe", "policy"),
+    ("esper.training.learning.learner", "Learner.decide", "policy"),
+    ("esper.training.envs.host_envs", "HostEnvs.step", "action"),
+    ("esper.training.learning.learner", "Learner.record_step", "action"),
+    ("esper.training.learning.learner", "Learner.end_round", "ppo"),
 )
 PHASE_NAMES = ("train", "validation", "policy", "action", "ppo", "other")
 #: Frames of these packages name an op's call site (the first one below torch).

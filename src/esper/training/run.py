@@ -32,8 +32,10 @@ from esper.telemetry.emit_log import with_emit_log
 from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.telemetry.resume import check_new_run_dir, check_resumable
-from esper.training.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
-from esper.training.distributed import (
+from esper.training.learning.learner import Learner
+from esper.training.learning.policy_factory import build_policy
+from esper.training.loop.checkpoint import compat_fingerprint, load_checkpoint, save_checkpoint
+from esper.training.loop.distributed import (
     Collective,
     RankHub,
     check_world_size,
@@ -42,18 +44,16 @@ from esper.training.distributed import (
     rank_device,
     rank_path,
 )
-from esper.training.faults import FaultPlan, check_faults
-from esper.training.learner import Learner
-from esper.training.policy_factory import build_policy
-from esper.training.recorder import Recorder
-from esper.training.run_setup import (
+from esper.training.loop.faults import FaultPlan, check_faults
+from esper.training.loop.recorder import Recorder
+from esper.training.loop.run_setup import (
     action_space_for,
     check_envs_fit,
     configure_torch,
     default_run_id,
     resolve_device,
 )
-from esper.training.trainer import ProgressFn, RoundSummary, VectorizedTrainer
+from esper.training.loop.trainer import ProgressFn, RoundSummary, VectorizedTrainer
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -130,7 +130,7 @@ def train(
 
     ``ledger`` (optional) is kept pointing at the last good checkpoint, for callers that
     report on an interrupted or failed run. ``collective`` makes this process one rank
-    of a multi-process run (:mod:`esper.training.distributed`); checkpoint paths
+    of a multi-process run (:mod:`esper.training.loop.distributed`); checkpoint paths
     (``save``, ``resume``) name rank 0's file, rank r uses ``<stem>-rank<r>.pt``.
     """
     rank = collective.rank if collective is not None else 0

@@ -39,15 +39,15 @@ from esper.core.records import (
 from esper.policy.actions import ActionSpace
 from esper.telemetry import events as ev
 from esper.telemetry.hub import Hub
-from esper.training.batch_ops import LAYER_STAT_FIELDS, StepStats
-from esper.training.counterfactual import REASONS, Attribution
-from esper.training.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
-from esper.training.governor import penalized_step
+from esper.training.envs.counterfactual import REASONS, Attribution
+from esper.training.envs.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
+from esper.training.envs.governor import penalized_step
+from esper.training.passes.batch_ops import LAYER_STAT_FIELDS, StepStats
 
 if TYPE_CHECKING:
-    from esper.training.anomaly import Anomaly
-    from esper.training.learner import Learner
-    from esper.training.trainer import RoundSummary
+    from esper.training.learning.learner import Learner
+    from esper.training.loop.anomaly import Anomaly
+    from esper.training.loop.trainer import RoundSummary
 
 _RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
 #: An op's name by its code, and the heads an ``action_taken`` of it reports masked.

@@ -35,7 +35,7 @@ from esper.errors import CheckpointError, UserError
 from esper.telemetry import events as ev
 from esper.telemetry.events import Event
 from esper.telemetry.hub import DelegatingHub, Hub
-from esper.training.learner import POLICY_SEED_OFFSET, Learner
+from esper.training.learning.learner import POLICY_SEED_OFFSET, Learner
 
 #: Default seconds a collective waits for the other ranks before failing the run.
 DEFAULT_TIMEOUT_S: Final = 300.0
@@ -272,7 +272,7 @@ def rank_checkpoint(path: Path, collective: Collective) -> Path:
     mine = rank_path(path, collective.rank)
     if mine.exists() or not path.exists():
         return mine  # a missing rank 0 file is reported by the loader
-    from esper.training.checkpoint import read_checkpoint
+    from esper.training.loop.checkpoint import read_checkpoint
 
     theirs = int(read_checkpoint(path).get("world_size", 1))
     raise CheckpointError(

@@ -20,9 +20,9 @@ from esper.data.tasks import TaskSpec
 from esper.errors import ConfigError
 from esper.model import MorphogeneticModel, build_model
 from esper.policy.signals import SignalTracker
-from esper.training.env_state import EnvState
-from esper.training.env_table import EnvTable
-from esper.training.governor import Governor
+from esper.training.envs.env_state import EnvState
+from esper.training.envs.env_table import EnvTable
+from esper.training.envs.governor import Governor
 
 
 def env_seed(run_seed: int, rnd: int, env: int) -> int:
@@ -123,7 +123,7 @@ class EnvFactory:
     def _stack(self, rnd: int, envs: list[EnvState], table: EnvTable) -> None:
         """The round's stores (one per device and host member), the host optimizers over
         the stored tensors, and every env's first governor snapshot, taken at once."""
-        from esper.training.host_batching import make_stores, snapshot_rows
+        from esper.training.passes.host_batching import make_stores, snapshot_rows
 
         seeds = [env_seed(self.cfg.run.seed, rnd, env.index) for env in envs]
         channels_last = self.cfg.task.channels_last and len(self.spec.input_shape) == 3

@@ -23,7 +23,7 @@ from esper.core.constants import HOST_GRAD_CLIP
 from esper.core.enums import AmpMode
 from esper.core.layout import Layout
 from esper.core.transfer import host_copy
-from esper.training.env_state import TRAIN_ACCUM, EnvState
+from esper.training.envs.env_state import TRAIN_ACCUM, EnvState
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class StepStats:
     train_acc: np.ndarray  # [N] percent
     val_loss: np.ndarray  # [N]
     val_acc: np.ndarray  # [N] percent
-    #: Percent, one per configuration row (:class:`~esper.training.counterfactual.Ablations`).
+    #: Percent, one per configuration row (:class:`~esper.training.envs.counterfactual.Ablations`).
     config_accs: np.ndarray  # [R]
     grad_norms: np.ndarray  # [N, S, 2]: per slot [seed norm, host norm at the slot]
     #: Debug level: per env, LAYER_STAT_FIELDS values per layer.

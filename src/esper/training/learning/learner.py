@@ -27,13 +27,13 @@ from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Policy, PolicyInput
-from esper.training.buffer import RolloutBuffer
-from esper.training.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
-from esper.training.ppo import PPOUpdater
+from esper.training.learning.buffer import RolloutBuffer
+from esper.training.learning.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
+from esper.training.learning.ppo import PPOUpdater
 
 if TYPE_CHECKING:
-    from esper.training.distributed import Collective
-    from esper.training.env_results import Observation
+    from esper.training.envs.env_results import Observation
+    from esper.training.loop.distributed import Collective
 
 #: Offset that separates the policy-sampling stream from every other seeded stream.
 POLICY_SEED_OFFSET = 7_919

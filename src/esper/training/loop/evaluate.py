@@ -24,18 +24,18 @@ from esper.errors import CheckpointError, ConfigError, UserError
 from esper.policy.actions import ActionSpace
 from esper.telemetry.hub import Hub
 from esper.telemetry.paths import validate_run_id
-from esper.training.checkpoint import read_checkpoint
-from esper.training.learner import Learner
-from esper.training.policy_factory import build_policy
-from esper.training.recorder import Recorder
-from esper.training.run import TrainResult, check_telemetry_dir, open_hub, run_rounds
-from esper.training.run_setup import (
+from esper.training.learning.learner import Learner
+from esper.training.learning.policy_factory import build_policy
+from esper.training.loop.checkpoint import read_checkpoint
+from esper.training.loop.recorder import Recorder
+from esper.training.loop.run_setup import (
     action_space_for,
     check_envs_fit,
     configure_torch,
     resolve_device,
 )
-from esper.training.trainer import ProgressFn, VectorizedTrainer
+from esper.training.loop.trainer import ProgressFn, VectorizedTrainer
+from esper.training.run import TrainResult, check_telemetry_dir, open_hub, run_rounds
 
 #: The policy network's shape and inputs: taken from the checkpoint, whatever the config says.
 NETWORK_KEYS = ("feature_dim", "lstm_hidden", "blueprint_embed_dim")

@@ -28,16 +28,16 @@ import msgspec
 from esper.config import Config
 from esper.core.enums import Initiator, TelemetryLevel
 from esper.data.tasks import TaskData
-from esper.training.anomaly import TelemetryEscalator, detect_anomalies
-from esper.training.env_results import PhaseTimes, Rollback
-from esper.training.envs import HostEnvs
-from esper.training.faults import FaultPlan
-from esper.training.learner import Learner
-from esper.training.recorder import Recorder
-from esper.training.rewards import ordered_sum
+from esper.training.envs.env_results import PhaseTimes, Rollback
+from esper.training.envs.host_envs import HostEnvs
+from esper.training.envs.rewards import ordered_sum
+from esper.training.learning.learner import Learner
+from esper.training.loop.anomaly import TelemetryEscalator, detect_anomalies
+from esper.training.loop.faults import FaultPlan
+from esper.training.loop.recorder import Recorder
 
 if TYPE_CHECKING:
-    from esper.training.distributed import Collective
+    from esper.training.loop.distributed import Collective
 
 
 @dataclass

@@ -38,8 +38,8 @@ from esper.model.snapshot import restore_fossils
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
-    from esper.training.env_state import EnvState
-    from esper.training.slot_groups import SgdSettings
+    from esper.training.envs.env_state import EnvState
+    from esper.training.passes.slot_groups import SgdSettings
 
 _BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
 #: Stages whose seed has stepped (it was in a train pass's forward).

@@ -51,7 +51,7 @@ class RunningMeanStd:
         self.var = torch.ones(self.shape, dtype=_STAT_DTYPE, device=self.device)
         self.count = torch.zeros((), dtype=_STAT_DTYPE, device=self.device)
         self.frozen = False
-        #: Set by a multi-rank run (esper.training.distributed) so every rank merges
+        #: Set by a multi-rank run (esper.training.loop.distributed) so every rank merges
         #: the same global batch statistics; None: this process's batch only.
         self.merge: MomentMerge | None = None
 

@@ -3,13 +3,13 @@
 Why: a step's bookkeeping (metrics, signals, the governor's watch, the reward's memory,
 episode totals) is the same few numbers for every env, so it is kept as columns and
 updated with array expressions over all envs at once; per-env Python runs only where a
-model's structure changes. Each :class:`~esper.training.env_state.EnvState` reads and
+model's structure changes. Each :class:`~esper.training.envs.env_state.EnvState` reads and
 writes its own row (its properties), for the per-env code paths (lifecycle operations
 on the envs that act, rollbacks, tests).
 
 The seed slots' state is the :class:`~esper.model.slot_table.SlotTable` ``slots``; the
 policy's signals are :class:`~esper.policy.signals.Signals`, the governor's watch a
-:class:`~esper.training.governor.Guard`.
+:class:`~esper.training.envs.governor.Guard`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from esper.policy.signals import Signals
 if TYPE_CHECKING:
     from esper.config import Config
     from esper.data.tasks import TaskSpec
-    from esper.training.governor import Guard
+    from esper.training.envs.governor import Guard
 
 #: Episode totals (``episode_finished``): float columns, then int columns.
 EPISODE_FLOATS = ("reward_sum", "rollback_penalty")
@@ -91,7 +91,7 @@ class EnvTable:
     @classmethod
     def for_round(cls, cfg: Config, spec: TaskSpec, n_slots: int) -> EnvTable:
         """A fresh table for ``cfg``'s envs (signals and governor as configured)."""
-        from esper.training.governor import Guard
+        from esper.training.envs.governor import Guard
 
         n = cfg.run.n_envs
         signals = Signals(

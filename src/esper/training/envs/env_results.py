@@ -1,9 +1,9 @@
-"""What :class:`~esper.training.envs.HostEnvs` hands back to the trainer: plain data.
+"""What :class:`~esper.training.envs.host_envs.HostEnvs` hands back to the trainer: plain data.
 
 Everything here is host-side (numbers already transferred, lifecycle records already
 drained) and, for what every env has, columns: one array per quantity with the env as
 its first dimension. The trainer, the learner and the
-:class:`~esper.training.recorder.Recorder` consume a step's results without a Python
+:class:`~esper.training.loop.recorder.Recorder` consume a step's results without a Python
 call per env. Rollbacks and their penalties travel as :class:`Rollback` values (a few
 per round), not as mutations of pending state.
 """
@@ -20,8 +20,8 @@ import torch
 from esper.core.records import LifecycleRecord, RollbackRecord, SlotReport
 from esper.policy.masks import ActionMasks
 from esper.policy.signals import SignalTracker
-from esper.training.batch_ops import StepStats
-from esper.training.counterfactual import Attribution
+from esper.training.envs.counterfactual import Attribution
+from esper.training.passes.batch_ops import StepStats
 
 #: Lifecycle records with the row (this rank's env position) of the env that made them.
 Records = list[tuple[int, LifecycleRecord]]

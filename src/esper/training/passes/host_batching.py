@@ -5,7 +5,7 @@ kernel launches and Python, not arithmetic.
 
 - The round's envs are grouped once, when the round's first pass runs: the envs of one
   device and one host shape (a host family's member) share a
-  :class:`~esper.training.host_store.HostStore` for the round. A round whose hosts
+  :class:`~esper.training.passes.host_store.HostStore` for the round. A round whose hosts
   cannot be stacked (fp16's GradScaler, transformer hosts: attention has no ``vmap``
   rule on CPU, an optimizer other than plain SGD) runs the per-env passes instead.
 - Train: each group trains as one :class:`slot_groups.HostBatch`: hosts stacked and
@@ -41,16 +41,16 @@ from torch import Tensor
 from esper.core.enums import SeedStage, Topology
 from esper.model.slot_table import STAGE_CODE
 from esper.model.snapshot import snapshot_fossils
-from esper.training.batch_ops import (
+from esper.training.envs.env_state import EnvState
+from esper.training.passes.batch_ops import (
     PassOptions,
     autocast,
     synchronize,
     train_epoch,
     validate_fused,
 )
-from esper.training.env_state import EnvState
-from esper.training.host_store import HostStore, RowSnapshot
-from esper.training.slot_groups import HostBatch, SgdSettings, sgd_settings
+from esper.training.passes.host_store import HostStore, RowSnapshot
+from esper.training.passes.slot_groups import HostBatch, SgdSettings, sgd_settings
 
 Batch = tuple[Tensor, Tensor]
 _FOSSILIZED = STAGE_CODE[SeedStage.FOSSILIZED]

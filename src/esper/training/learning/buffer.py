@@ -19,7 +19,7 @@ from torch import Tensor
 from esper.core.constants import HEAD_NAMES
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Hidden
-from esper.training.governor import penalized_step
+from esper.training.envs.governor import penalized_step
 
 
 class RolloutBuffer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from esper.core.enums import Initiator, LifecycleOp, PruneReason
 from esper.policy.actions import DecodedAction
-from esper.training.env_state import EnvState, make_seed_optimizer
+from esper.training.envs.env_state import EnvState, make_seed_optimizer
 
 
 def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:

@@ -16,7 +16,7 @@ from esper.data.tasks import TaskData
 from esper.errors import ConfigError, UserError
 from esper.model import build_model
 from esper.policy.actions import ActionSpace
-from esper.training.env_factory import check_family_slots, member_host
+from esper.training.envs.env_factory import check_family_slots, member_host
 
 
 def intra_op_threads(requested: int) -> int:

@@ -38,8 +38,8 @@ from esper.core.records import PPOMetrics
 from esper.core.transfer import host_copy
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden
-from esper.training.buffer import RolloutBuffer
-from esper.training.normalizers import ValueNormalizer
+from esper.training.learning.buffer import RolloutBuffer
+from esper.training.learning.normalizers import ValueNormalizer
 
 #: Added to the advantage std before dividing.
 ADVANTAGE_EPS = 1e-8
@@ -68,7 +68,7 @@ GATE_VALUES = ("loss", "kl", "grad_norm")
 
 
 class UpdateSync(Protocol):
-    """Multi-rank runs (:mod:`esper.training.distributed`): what keeps replicas equal."""
+    """Multi-rank runs (:mod:`esper.training.loop.distributed`): what keeps replicas equal."""
 
     def average_grads(self, params: Any, scalars: Tensor) -> Tensor: ...
 

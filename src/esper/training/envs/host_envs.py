@@ -2,7 +2,7 @@
 
 :class:`HostEnvs` is to the trainer what a VecEnv is to an on-policy algorithm. It owns
 the round's envs (hosts, seeds, optimizers, governor snapshots) and their state as one
-:class:`~esper.training.env_table.EnvTable`, the train and validation passes, the
+:class:`~esper.training.envs.env_table.EnvTable`, the train and validation passes, the
 counterfactuals, action execution and step rewards, behind four calls::
 
     reset(rnd)                        fresh, deterministically seeded hosts
@@ -13,7 +13,7 @@ counterfactuals, action execution and step rewards, behind four calls::
 Each call is array work over every env at once; Python runs per env only where a
 model's structure changes (an action other than WAIT, a rollback, a snapshot, a stage
 change). It emits no events and knows no learner: rollbacks, penalties and lifecycle
-records come back as data (:mod:`esper.training.env_results`). Its one device-to-host
+records come back as data (:mod:`esper.training.envs.env_results`). Its one device-to-host
 transfer per step is :func:`batch_ops.gather_step_stats` (plus one per rollback, for
 the restored model's metrics).
 """
@@ -38,18 +38,10 @@ from esper.model.ticks import LIVE_CODES, tick_slots
 from esper.policy.actions import ActionSpace, decode_action
 from esper.policy.features import build_features, host_features
 from esper.policy.masks import compute_masks
-from esper.training.action_execution import execute_action, sync_seed_optimizers
-from esper.training.batch_ops import (
-    PassOptions,
-    StepStats,
-    gather_step_stats,
-    layer_grad_stats,
-    train_epoch,
-    validate_fused,
-)
-from esper.training.counterfactual import Ablations, ablations, attribute, unavailable_reasons
-from esper.training.env_factory import EnvFactory
-from esper.training.env_results import (
+from esper.training.envs.action_execution import execute_action, sync_seed_optimizers
+from esper.training.envs.counterfactual import Ablations, ablations, attribute, unavailable_reasons
+from esper.training.envs.env_factory import EnvFactory
+from esper.training.envs.env_results import (
     Epoch,
     Lazy,
     Observation,
@@ -58,18 +50,26 @@ from esper.training.env_results import (
     Summaries,
     Transitions,
 )
-from esper.training.env_state import EnvState
-from esper.training.env_table import EnvTable
-from esper.training.faults import FaultPlan, InjectedDataError
-from esper.training.host_batching import snapshot_rows, train_epoch_batched, validate_batched
-from esper.training.rewards import compute_rewards
-from esper.training.step_rewards import (
+from esper.training.envs.env_state import EnvState
+from esper.training.envs.env_table import EnvTable
+from esper.training.envs.rewards import compute_rewards
+from esper.training.envs.step_rewards import (
     SLOT_OPS,
     Target,
     effective_alphas,
     param_columns,
     reward_columns,
 )
+from esper.training.loop.faults import FaultPlan, InjectedDataError
+from esper.training.passes.batch_ops import (
+    PassOptions,
+    StepStats,
+    gather_step_stats,
+    layer_grad_stats,
+    train_epoch,
+    validate_fused,
+)
+from esper.training.passes.host_batching import snapshot_rows, train_epoch_batched, validate_batched
 
 if TYPE_CHECKING:
     from esper.core.enums import AmpMode
@@ -143,7 +143,7 @@ class HostEnvs:
         )
         if world_size == 1:
             return SharedBatchIterator(task.train_x, task.train_y, n_envs=self.n_envs, **kwargs)
-        from esper.training.distributed import RankShardIterator
+        from esper.training.loop.distributed import RankShardIterator
 
         return RankShardIterator(
             task.train_x,

@@ -4,7 +4,7 @@ per slot.
 Why: on a GPU these hosts are launch-bound, so the work of a step must not grow with
 the number of envs or parameters. :class:`HostBatch` runs each host segment once,
 vmapped over its rows' host parameters (the group's
-:class:`~esper.training.host_store.HostStore`). At each slot it splits the batch only by
+:class:`~esper.training.passes.host_store.HostStore`). At each slot it splits the batch only by
 that slot's seed kind (blueprint, stage class, blend operator, trainability, whether it
 steps), read from the round's slot table for all rows at once; runs each kind vmapped
 over its own rows (their rows of the seed store, gathered with one index); and puts the
@@ -34,9 +34,9 @@ from esper.core.enums import BlendOp, SeedStage
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
 from esper.model.slot_table import BLEND_CODE, STAGE_CODE, codes
-from esper.training.batch_ops import PassOptions, autocast, loss_and_correct
-from esper.training.env_state import TRAIN_ACCUM
-from esper.training.host_store import FlatLayout, HostStore, clip_coefficients
+from esper.training.envs.env_state import TRAIN_ACCUM
+from esper.training.passes.batch_ops import PassOptions, autocast, loss_and_correct
+from esper.training.passes.host_store import FlatLayout, HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6

@@ -17,8 +17,8 @@ from esper.core.constants import FORWARD_STAGES, OCCUPYING, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, ParamCostBasis
 from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
 from esper.model.slot_table import STAGE_CODE, SlotTable, codes
-from esper.training.env_table import EnvTable
-from esper.training.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
+from esper.training.envs.env_table import EnvTable
+from esper.training.envs.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
 
 _BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
 _LIVE = codes(LIVE_STAGES, STAGE_CODE)

@@ -15,7 +15,7 @@ from esper.config import HostConfig
 from esper.core.columns import RowField
 from esper.core.host_family import HostDescriptor
 from esper.core.layout import Layout
-from esper.training.env_table import EnvTable, EpisodeStats
+from esper.training.envs.env_table import EnvTable, EpisodeStats
 
 #: ``EnvState.train_accum``: the train pass's running sums, on device.
 TRAIN_ACCUM = Layout(("loss_sum", 1), ("correct", 1), ("count", 1))
@@ -23,7 +23,7 @@ TRAIN_ACCUM = Layout(("loss_sum", 1), ("correct", 1), ("count", 1))
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
     from esper.policy.signals import SignalTracker
-    from esper.training.governor import Governor
+    from esper.training.envs.governor import Governor
 
 
 def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
@@ -59,7 +59,7 @@ class EnvState:
     model: MorphogeneticModel
     governor: Governor
     tracker: SignalTracker
-    #: The round's :class:`~esper.training.env_table.EnvTable` and this env's row of it:
+    #: The round's :class:`~esper.training.envs.env_table.EnvTable` and this env's row of it:
     #: where its metrics, signals, reward memory and episode totals live.
     table: EnvTable
     row: int
@@ -78,7 +78,7 @@ class EnvState:
     # Gradient norms of the last train batch (device tensor from ``model.grad_norms()``).
     last_grad_norms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     #: The batched group's stacked storage this env's tensors live in (``run.batch_envs``;
-    #: :class:`esper.training.host_store.HostStore`), or None.
+    #: :class:`esper.training.passes.host_store.HostStore`), or None.
     store: Any = None
 
     # Host-side signals of the previous step, used by rewards and features.
@@ -106,7 +106,7 @@ class EnvState:
 
     @property
     def reward_memory(self) -> RewardMemory:
-        """The previous step's reward memory (see :mod:`esper.training.step_rewards`)."""
+        """The previous step's reward memory (see :mod:`esper.training.envs.step_rewards`)."""
         t, i = self.table, self.row
         if not t.memory_set[i]:
             return RewardMemory()
