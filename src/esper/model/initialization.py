@@ -71,7 +71,8 @@ def _rule(cls: type) -> Callable[[nn.Module, torch.Generator], None] | None:
     """Subclasses (e.g. SeedGroupNorm) follow the rule of their nearest listed base."""
     if cls not in _RULE_OF:
         _RULE_OF[cls] = next((_RULES[t] for t in cls.__mro__ if t in _RULES), None)
-    return _RULE_OF[cls]
+    rule: Callable[[nn.Module, torch.Generator], None] | None = _RULE_OF[cls]
+    return rule
 
 
 def init_module(module: nn.Module, generator: torch.Generator) -> None:

@@ -112,7 +112,7 @@ class SeedMetrics(Cell):
         self.last_acc = acc
 
     def record_contribution(self, contribution_pp: float) -> None:
-        record_contributions(self.table, (self.row, self.col), np.float64(contribution_pp))
+        record_contributions(self.table, (self.row, self.col), np.array(contribution_pp))
 
     def record_gradients(
         self, seed_norm: float, n_seed: int, host_norm: float, n_host: int

@@ -172,6 +172,11 @@ class MorphogeneticModel(nn.Module):
         """The slot of table column ``col`` (the slot order)."""
         return self._by_col[col]
 
+    @property
+    def slots_in_order(self) -> list[SeedSlot]:
+        """Every slot, in the slot order (the table's columns)."""
+        return self._by_col
+
     def current_alphas(self) -> Tensor:
         """Effective alpha of every slot now (CPU float32 [n_slots]; 0 where not blended)."""
         return torch.tensor(self.alpha_values())

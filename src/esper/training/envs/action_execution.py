@@ -54,8 +54,8 @@ def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
 def sync_seed_optimizers(env: EnvState) -> None:
     """One SGD per live seed: add optimizers for new seeds, drop those of removed ones."""
     opts = env.seed_optimizers
-    for slot_id, slot in env.model.slots.items():
-        present = slot.seed is not None
+    for slot in env.model.slots_in_order:
+        slot_id, present = slot.slot_id, slot.seed is not None
         if present and slot_id not in opts:
             opts[slot_id] = make_seed_optimizer(slot.seed_parameters(), env.host_cfg)
         elif not present and slot_id in opts:

@@ -97,7 +97,10 @@ def ablations(alphas: np.ndarray, measurable: np.ndarray, *, factorial: bool) ->
     order = np.argsort(~measurable, axis=1, kind="stable")  # measurable slots first
     seeds = np.where(np.arange(n_slots)[None, :] < n_seeds[:, None], order, -1)
     plans = {n: subset_masks(n, factorial=factorial) for n in np.unique(n_seeds).tolist()}
-    count = np.array([len(plans[n]) for n in n_seeds.tolist()], dtype=np.int64)
+    rows_per_plan = np.zeros(n_slots + 1, dtype=np.int64)
+    for n, masks in plans.items():
+        rows_per_plan[n] = len(masks)
+    count = rows_per_plan[n_seeds]
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
     total = int(count.sum())
     out_alphas = np.zeros((total, n_slots))

@@ -121,8 +121,10 @@ class HostEnvs:
         )
         self.states: list[EnvState] = []
         self.table: EnvTable | None = None
-        #: With a host family: the hosts' observed descriptors, once per round.
+        #: With a host family: the hosts' observed descriptors, once per round, and each
+        #: env's member name ("" without a family).
         self.host_rows: np.ndarray | None = None
+        self.host_names: list[str] = []
         #: ``run.batch_envs`` resolved ("auto": on for float32 CUDA runs).
         self.batched = cfg.batches_envs()
 
@@ -167,6 +169,7 @@ class HostEnvs:
         self.table = self.states[0].table
         self.table.drain()  # creation reports nothing an event needs
         self.host_rows = None
+        self.host_names = [env.host.name if env.host is not None else "" for env in self.states]
         if self.cfg.observes_host:
             hosts = [env.host for env in self.states if env.host is not None]
             self.host_rows = host_features(hosts, self.space.slot_ids)
@@ -273,7 +276,7 @@ class HostEnvs:
             effective_params=counts.effective,
             active_seeds=np.isin(t.slots.stage, _OCCUPYING).sum(axis=1),
             episode={k: v.copy() for k, v in t.episode.items()},
-            hosts=[env.host.name if env.host is not None else "" for env in self.states],
+            hosts=self.host_names,
         )
 
     # ------------------------------------------------------------------ host passes

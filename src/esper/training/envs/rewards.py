@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -152,7 +153,7 @@ class RewardColumns:
         before, after = inp.slot_before, inp.slot_after
         alive = after is not None and after.active and after.stage in FORWARD_STAGES
         credits = inp.credits or (SeedCredit(contribution_pp=NAN),)
-        row = {
+        row: dict[str, Any] = {
             f.name: np.array([getattr(inp, f.name)]) for f in fields(cls) if hasattr(inp, f.name)
         }
         row.update(

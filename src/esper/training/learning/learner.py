@@ -61,11 +61,13 @@ class Decision:
     @property
     def heads(self) -> np.ndarray:
         """Every env's raw head indices [N, H], in HEAD_NAMES order."""
-        return self.rows[:, DECISION_ROW["actions"]].astype(np.int64)
+        heads: np.ndarray = self.rows[:, DECISION_ROW["actions"]].astype(np.int64)
+        return heads
 
     @property
     def op_mask(self) -> np.ndarray:
-        return self.rows[:, DECISION_ROW["op_mask"]] != 0
+        mask: np.ndarray = self.rows[:, DECISION_ROW["op_mask"]] != 0
+        return mask
 
     @property
     def value(self) -> np.ndarray:

@@ -51,7 +51,9 @@ if TYPE_CHECKING:
 
 _RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
 #: An op's name by its code, and the heads an ``action_taken`` of it reports masked.
-OP_NAMES = [op.name for op in LifecycleOp]
+OP_NAMES = np.array([op.name for op in LifecycleOp], dtype=object)
+#: A counterfactual reason's event value by its code.
+REASON_VALUES = np.array([r.value for r in REASONS], dtype=object)
 MASKED_HEADS = [[h for h in HEAD_NAMES if h not in RELEVANT_HEADS[op]] for op in LifecycleOp]
 #: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
 _BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
@@ -326,7 +328,7 @@ class Recorder:
         self._lifecycle(tr.records, rnd=rnd, step=step)
         if not self.hub.enabled(TelemetryLevel.NORMAL):
             return
-        ops = [OP_NAMES[o] for o in tr.heads[:, 0].tolist()]
+        ops = OP_NAMES[tr.heads[:, 0]].tolist()
         self._actions(tr, d, ops, rnd=rnd, step=step, space=space)
         breakdown = tr.rewards.copy()
         for row, carried in self._carried.items():
@@ -425,11 +427,7 @@ class Recorder:
         self, a: Attribution, slot_ids: tuple[str, ...], *, rnd: int, step: int
     ) -> None:
         slots = list(slot_ids)
-        reasons = [[REASONS[r].value for r in row] for row in a.reasons.tolist()]
-        exact = a.exact_shapley.tolist()
-        shapley = [
-            values if ok else [] for values, ok in zip(a.shapley.tolist(), exact, strict=True)
-        ]
+        reasons = REASON_VALUES[a.reasons].tolist()
         offset = self.env_offset
         self.hub.emit_batch(
             [
@@ -440,7 +438,7 @@ class Recorder:
                     slots=slots,
                     contributions=contributions,
                     unavailable_reasons=why,
-                    shapley=phi,
+                    shapley=phi if ok else [],  # the full factorial's values only
                     interaction=interaction,
                     real_acc=real,
                     all_off_acc=all_off,
@@ -449,9 +447,9 @@ class Recorder:
                 )
                 for row, (contributions, why, phi, interaction, real, all_off, k, ok) in enumerate(
                     zip(
-                        a.contributions.tolist(), reasons, shapley, a.interaction.tolist(),
-                        a.real_acc.tolist(), a.all_off_acc.tolist(), a.n_configs.tolist(),
-                        exact, strict=True,
+                        a.contributions.tolist(), reasons, a.shapley.tolist(),
+                        a.interaction.tolist(), a.real_acc.tolist(), a.all_off_acc.tolist(),
+                        a.n_configs.tolist(), a.exact_shapley.tolist(), strict=True,
                     )
                 )
             ]

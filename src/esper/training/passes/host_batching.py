@@ -45,7 +45,6 @@ from esper.training.envs.env_state import EnvState
 from esper.training.passes.batch_ops import (
     PassOptions,
     autocast,
-    synchronize,
     train_epoch,
     validate_fused,
 )
@@ -92,7 +91,8 @@ def round_stores(envs: Sequence[EnvState]) -> list[HostStore] | None:
     table = envs[0].table
     key = len(envs)
     if table.stores is not None and table.stores[0] == key:
-        return table.stores[1]
+        kept: list[HostStore] | None = table.stores[1]
+        return kept
     settings = batchable(envs[0])
     stores = None
     if settings is not None:
@@ -187,8 +187,7 @@ def train_epoch_batched(
             batch.expose_grads()
         assert batch.grad_norms is not None, "an epoch has at least one batch"
         results.append((store, batch.accum, batch.grad_norms))
-    synchronize(envs)
-    return _in_env_order(results, len(envs))
+    return _in_env_order(results, len(envs))  # on the caller's stream: nothing to join
 
 
 def _in_env_order(results: list[tuple[HostStore, Tensor, Tensor]], n: int) -> tuple[Tensor, Tensor]:
@@ -234,7 +233,6 @@ def validate_batched(
         loss.index_copy_(0, store.index(store.rows), store_loss.to(device))
         count.index_copy_(0, store.index(store.rows), samples.to(device).expand(len(store.rows)))
         correct.index_copy_(0, store.index(rows), hits.to(device))
-    synchronize(envs)
     return torch.stack([loss, count], dim=1), correct
 
 

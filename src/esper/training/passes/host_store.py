@@ -391,7 +391,8 @@ class HostStore:
         for i in rows:
             env = self.envs[i]
             adopted = self._adopted[i]
-            for slot_id, slot in env.model.slots.items():
+            for slot in env.model.slots_in_order:
+                slot_id = slot.slot_id
                 if slot.seed is None or adopted.get(slot_id) is slot.seed:
                     continue
                 seg = self.seeds.segments[(slot_id, slot.life.blueprint)]
