@@ -103,7 +103,7 @@ def scan_columns(event_type: str) -> list[str]:
     from esper_analysis.baseline import FINGERPRINT_FIELDS
     from esper_analysis.schema import polars_schema
 
-    from esper.core.records import REWARD_COMPONENTS
+    from esper.telemetry.events import REWARD_COMPONENTS
 
     wanted = [*ENVELOPE_COLUMNS, *PAYLOAD_COLUMNS.get(event_type, ())]
     if event_type == "reward_computed":

@@ -25,8 +25,8 @@ from typing import Any, Final
 import polars as pl
 
 from esper.core.enums import SeedStage
-from esper.core.records import REWARD_COMPONENTS
 from esper.errors import UserError
+from esper.telemetry.events import REWARD_COMPONENTS
 from esper.telemetry.paths import validate_run_id
 from esper_analysis.lifecycles import seed_lifecycles, with_stage
 from esper_analysis.loader import Run

@@ -13,7 +13,7 @@ from typing import Final
 
 import polars as pl
 
-from esper.core.records import REWARD_COMPONENTS
+from esper.telemetry.events import REWARD_COMPONENTS
 from esper_analysis.actions import Actions
 from esper_analysis.lifecycles import TIMELINE_STAGES, Lifecycles
 from esper_analysis.loader import Run

@@ -1,6 +1,6 @@
 """Reward breakdowns per env, episode, op and component, with a sum check on every row.
 
-The component list is :data:`esper.core.records.REWARD_COMPONENTS`, so a component
+The component list is :data:`esper.telemetry.events.REWARD_COMPONENTS`, so a component
 added to the reward is picked up here without edits. A row is flagged when its
 components do not sum to its total within :data:`SUM_TOLERANCE` (a NaN anywhere flags
 it too). A component column missing from an older schema reads as null and counts as
@@ -16,7 +16,7 @@ from typing import ClassVar, Final
 
 import polars as pl
 
-from esper.core.records import REWARD_COMPONENTS
+from esper.telemetry.events import REWARD_COMPONENTS
 from esper_analysis.loader import Run
 from esper_analysis.result import AnalysisResult
 

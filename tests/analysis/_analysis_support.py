@@ -24,8 +24,8 @@ from pathlib import Path
 
 from esper.core.constants import HEAD_NAMES
 from esper.core.enums import RunStatus, TelemetryLevel
-from esper.core.records import REWARD_COMPONENTS, make_breakdown
 from esper.telemetry import events as ev
+from esper.telemetry.events import REWARD_COMPONENTS, make_breakdown
 from esper.telemetry.hub import open_run
 
 ROUNDS = 2

@@ -34,7 +34,7 @@ from esper_analysis.rollbacks import rollback_audit
 from esper_analysis.throughput import throughput
 
 from esper.core.constants import HEAD_NAMES
-from esper.core.records import REWARD_COMPONENTS
+from esper.telemetry.events import REWARD_COMPONENTS
 
 STEPS = ROUNDS * N_ENVS * LENGTH
 

@@ -11,9 +11,9 @@ import torch
 
 from esper.config import HostConfig, TaskConfig
 from esper.core.enums import GerminationStyle, Initiator, SeedStage, TaskName, Topology
-from esper.core.records import LifecycleRecord
 from esper.data.tasks import TaskSpec, task_spec
 from esper.model import MorphogeneticModel, build_model
+from esper.telemetry.events import LifecycleEvent
 
 DIGITS_SPEC = task_spec(TaskConfig())
 IMAGE32_SPEC = task_spec(TaskConfig(name=TaskName.SYNTHETIC))
@@ -37,7 +37,7 @@ def tiny_model(
     *,
     seed: int = 0,
     strict: bool = False,
-    records: list[LifecycleRecord] | None = None,
+    records: list[LifecycleEvent] | None = None,
 ) -> MorphogeneticModel:
     if topology == Topology.CNN:
         return build_model(

@@ -28,9 +28,9 @@ from esper.core.enums import (
     SeedStage,
     Topology,
 )
-from esper.core.records import LifecycleRecord, SeedPrunedRecord, StageChangedRecord
 from esper.model import IllegalTransitionError
 from esper.model.lifecycle import SeedLifecycle, check_transition
+from esper.telemetry.events import LifecycleEvent, SeedPruned, SeedStageChanged
 
 FREE_AFTER = EMBARGO_EPOCHS + RESETTING_EPOCHS
 COOLDOWN_ORDER = (
@@ -124,13 +124,13 @@ class Tracker:
         self.stage = dict.fromkeys(slot_ids, SeedStage.DORMANT)
         self.ticks_since_prune: dict[str, int | None] = dict.fromkeys(slot_ids)
 
-    def consume(self, records: list[LifecycleRecord]) -> None:
+    def consume(self, records: list[LifecycleEvent]) -> None:
         for rec in records:
-            if isinstance(rec, StageChangedRecord):
+            if isinstance(rec, SeedStageChanged):
                 assert rec.to_stage in TRANSITIONS[rec.from_stage], rec
                 assert rec.from_stage == self.stage[rec.slot], rec
                 self.stage[rec.slot] = rec.to_stage
-            if isinstance(rec, SeedPrunedRecord):
+            if isinstance(rec, SeedPruned):
                 assert self.stage[rec.slot] == SeedStage.PRUNED
                 self.ticks_since_prune[rec.slot] = 0
         records.clear()
@@ -142,7 +142,7 @@ class Tracker:
 
 
 def _apply(
-    model, action: tuple, tracker: Tracker, epoch: list[int], records: list[LifecycleRecord]
+    model, action: tuple, tracker: Tracker, epoch: list[int], records: list[LifecycleEvent]
 ) -> None:
     ids = model.slot_ids
     kind = action[0]
@@ -230,7 +230,7 @@ sequences = st.lists(actions, min_size=20, max_size=60)
 
 def _run_sequence(seq: list[tuple]) -> set[SeedStage]:
     """Apply ``seq``, checking every invariant after each action; returns stages seen."""
-    records: list[LifecycleRecord] = []
+    records: list[LifecycleEvent] = []
     model = tiny_model(Topology.CNN, records=records)
     tracker = Tracker(model.slot_ids)
     epoch = [0]
@@ -278,7 +278,7 @@ def test_pruned_slot_is_free_after_exactly_embargo_plus_resetting(
 ) -> None:
     from _model_support import drive_to, germinate
 
-    records: list[LifecycleRecord] = []
+    records: list[LifecycleEvent] = []
     model = tiny_model(records=records)
     slot = model.slot_ids[i]
     germinate(model, slot, "conv_small")

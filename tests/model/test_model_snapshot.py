@@ -8,7 +8,7 @@ import torch
 from _model_support import drive_to, germinate, perturb_seed, sample_input, tiny_model
 
 from esper.core.enums import GerminationStyle, Initiator, PruneReason, SeedStage, Topology
-from esper.core.records import LifecycleRecord, SeedPrunedRecord
+from esper.telemetry.events import LifecycleEvent, SeedPruned
 
 
 def _train_steps(model, steps: int = 3) -> None:
@@ -81,7 +81,7 @@ def test_restore_rebuilds_a_missing_fossil_in_a_fresh_model() -> None:
 
 
 def test_prune_live_seeds_reports_every_pruned_seed() -> None:
-    records: list[LifecycleRecord] = []
+    records: list[LifecycleEvent] = []
     model = tiny_model(records=records)
     s = model.slot_ids
     germinate(model, s[0], "norm")
@@ -96,7 +96,7 @@ def test_prune_live_seeds_reports_every_pruned_seed() -> None:
         reason=PruneReason.GOVERNOR_ROLLBACK, initiator=Initiator.GOVERNOR
     )
     assert pruned == (s[1], s[2])
-    got = [r for r in records if isinstance(r, SeedPrunedRecord)]
+    got = [r for r in records if isinstance(r, SeedPruned)]
     assert [r.slot for r in got] == [s[1], s[2]]
     assert all(
         r.reason == PruneReason.GOVERNOR_ROLLBACK and r.initiator == Initiator.GOVERNOR for r in got

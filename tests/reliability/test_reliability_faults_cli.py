@@ -273,7 +273,7 @@ def test_rollback_penalty_lands_on_the_penalized_reward_event(
     the sum of the env's reward events (a panic at step 0 penalises transition 0)."""
     from esper.config import load_config, with_overrides
     from esper.core.enums import TelemetryLevel
-    from esper.core.records import REWARD_COMPONENTS
+    from esper.telemetry.events import REWARD_COMPONENTS
     from esper.telemetry.hub import MemoryHub
     from esper.training.loop.faults import Fault, FaultKind, FaultPlan
     from esper.training.run import train

@@ -16,9 +16,10 @@ from _reward_support import reward_inputs as _inputs
 
 from esper.config import GovernorConfig, HostConfig, RewardConfig, TelemetryConfig
 from esper.core.enums import AnomalyKind, LifecycleOp, SeedStage, TaskName, Topology
-from esper.core.records import PPOMetrics, SlotReport
+from esper.core.records import SlotReport
 from esper.data.tasks import TaskSpec
 from esper.model import build_model
+from esper.telemetry.events import PPOMetrics
 from esper.training.envs.env_state import make_host_optimizer, make_seed_optimizer
 from esper.training.envs.governor import Governor
 from esper.training.envs.rewards import compute_reward

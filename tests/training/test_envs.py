@@ -15,10 +15,9 @@ import torch
 
 from esper.config import Config, with_overrides
 from esper.core.enums import AmpMode, Initiator, LifecycleOp, RollbackReason, TelemetryLevel
-from esper.core.records import REWARD_COMPONENTS, RollbackRecord
 from esper.data.tasks import load_task
 from esper.policy.actions import DecodedAction, encode_action
-from esper.telemetry.events import event_tag
+from esper.telemetry.events import REWARD_COMPONENTS, GovernorRollback, event_tag
 from esper.telemetry.hub import MemoryHub
 from esper.training.envs.counterfactual import Attribution
 from esper.training.envs.env_results import Epoch, PhaseTimes, Rollback, Transitions
@@ -87,7 +86,7 @@ def test_host_envs_step_through_an_episode_with_data_only() -> None:
         if step == 0:  # the germination's lifecycle records come back with the step
             assert transitions.executed.all()
             germinated = [row for row, r in transitions.records
-                          if type(r).__name__ == "SeedGerminatedRecord"]  # fmt: skip
+                          if type(r).__name__ == "SeedGerminated"]  # fmt: skip
             assert germinated == list(range(N_ENVS))
     s = envs.summaries()
     assert s.episode["seeds_germinated"].tolist() == [1] * N_ENVS
@@ -114,9 +113,10 @@ def test_a_rollback_comes_back_as_data() -> None:
 
 
 def _rollback_epoch(row: int, penalty: float) -> Epoch:
-    record = RollbackRecord(
-        reason=RollbackReason.NON_FINITE_LOSS, loss=math.nan, threshold=math.nan,
-        panic_step=1, restored_to_step=0, seeds_pruned=(), transitions_affected=1,
+    record = GovernorRollback(
+        step=1, reason=RollbackReason.NON_FINITE_LOSS.value, loss=math.nan,
+        threshold=math.nan, restored_to_step=0, penalized_step=0, seeds_pruned=[],
+        transitions_affected=1,
         penalty=penalty,
     )  # fmt: skip
     one = np.array([50.0])
@@ -165,17 +165,17 @@ def test_auto_advance_grows_a_seed_from_one_germinate_and_masks_early_advance() 
     themselves (initiator system); the premature ADVANCE is never offered."""
     from esper.core.constants import G2_MIN_TRAINING_EPOCHS
     from esper.core.enums import SeedStage
-    from esper.core.records import StageChangedRecord
+    from esper.telemetry.events import SeedStageChanged
 
     horizon = G2_MIN_TRAINING_EPOCHS + 3
     cfg = _config(**{"host.auto_advance": True, "run.episode_length": horizon, "run.n_envs": 1})
     envs = _envs(cfg)
     envs.reset(0)
-    moves: list[StageChangedRecord] = []
+    moves: list[SeedStageChanged] = []
     slot = envs.space.slot_ids[0]
     for step in range(horizon):
         epoch = envs.advance(0, step, PhaseTimes())
-        moves += [r for _, r in epoch.records if isinstance(r, StageChangedRecord)]
+        moves += [r for _, r in epoch.records if isinstance(r, SeedStageChanged)]
         obs = envs.observe(step)
         stage = envs.states[0].model.slot(slot).stage
         if stage == SeedStage.TRAINING:  # only reachable by G2's timing, never offered

@@ -151,9 +151,10 @@ def test_rollback_restores_bitwise_prunes_and_clears() -> None:
         assert torch.equal(v, expected[k]), k
     assert cleared == [True]
     assert model.prune_calls == [(PruneReason.GOVERNOR_ROLLBACK, Initiator.GOVERNOR)]
-    assert rec.seeds_pruned == ("seedA", "seedB")
-    assert rec.reason == RollbackReason.NON_FINITE_LOSS
-    assert (rec.panic_step, rec.restored_to_step, rec.transitions_affected) == (9, 4, 6)
+    assert rec.seeds_pruned == ["seedA", "seedB"]
+    assert rec.reason == RollbackReason.NON_FINITE_LOSS.value
+    assert (rec.step, rec.restored_to_step, rec.transitions_affected) == (9, 4, 6)
+    assert rec.penalized_step == 8
     assert rec.penalty == -10.0  # clipped
     # The snapshot survives the restore: a second rollback restores the same state.
     with torch.no_grad():

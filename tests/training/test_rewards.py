@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from esper.config import Config, RewardConfig, with_overrides
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
-from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport
+from esper.core.records import SlotReport
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
+from esper.telemetry.events import REWARD_COMPONENTS, RewardBreakdown
 from esper.telemetry.hub import MemoryHub
 from esper.training.envs.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
 from esper.training.run import train
@@ -391,7 +392,7 @@ def test_param_cost_basis_blended_charges_only_what_reaches_the_output() -> None
     import numpy as np
 
     from esper.core.enums import GerminationStyle, Initiator, ParamCostBasis, PruneReason
-    from esper.core.records import REWARD_COMPONENTS
+    from esper.telemetry.events import REWARD_COMPONENTS
     from esper.training.envs.env_factory import EnvFactory
     from esper.training.envs.rewards import compute_rewards
     from esper.training.envs.step_rewards import Target, reward_columns

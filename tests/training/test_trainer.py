@@ -11,9 +11,8 @@ import pytest
 
 from esper.config import Config, with_overrides
 from esper.core.enums import RunStatus, TelemetryLevel
-from esper.core.records import REWARD_COMPONENTS
 from esper.data.tasks import load_task
-from esper.telemetry.events import EVENT_LEVELS, event_tag
+from esper.telemetry.events import EVENT_LEVELS, REWARD_COMPONENTS, event_tag
 from esper.telemetry.hub import MemoryHub
 from esper.training.loop.faults import Fault, FaultKind, FaultPlan, InjectedDataError
 from esper.training.run import train

@@ -1,6 +1,7 @@
 """Morphogenetic models: hosts, seed slots, lifecycle, blueprints and blending.
 
-Model code reports lifecycle changes through a callback and never imports telemetry.
+Model code reports lifecycle changes as the events themselves (plain Structs from
+:mod:`esper.telemetry.events`) through a callback; it never touches the hub or writer.
 """
 
 from esper.model.builder import build_host, build_model

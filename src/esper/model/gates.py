@@ -1,8 +1,8 @@
 """Quality gates checked on the way into a stage (permissive by default, strict option).
 
-Each gate is a pure function of the slot's state that returns a
-:class:`~esper.core.records.GateResult` listing every check by name, passed or failed,
-so the ``gate_evaluated`` event says exactly why a seed did or did not advance.
+Each gate is a pure function of the slot's state that returns the
+:class:`~esper.telemetry.events.GateEvaluated` event itself, listing every check by name,
+passed or failed, so the event says exactly why a seed did or did not advance.
 """
 
 from __future__ import annotations
@@ -19,22 +19,27 @@ from esper.core.constants import (
     G5_STRICT_MIN_CONTRIBUTION_PP,
 )
 from esper.core.enums import GateId, SeedStage
-from esper.core.records import GateResult
 from esper.model.alpha import ALPHA_MAX, AlphaController
 from esper.model.lifecycle import SeedLifecycle
 from esper.model.metrics import SeedMetrics
+from esper.telemetry.events import GateEvaluated
 
 Check = tuple[str, bool]
 
 
-def _result(gate: GateId, target: SeedStage, checks: Sequence[Check], strict: bool) -> GateResult:
-    passed = tuple([name for name, ok in checks if ok])
-    failed = tuple([name for name, ok in checks if not ok])
+def _result(
+    gate: GateId, target: SeedStage, checks: Sequence[Check], strict: bool
+) -> GateEvaluated:
+    """The ``gate_evaluated`` event of a check (its slot and seed filled in by the slot)."""
+    passed = [name for name, ok in checks if ok]
+    failed = [name for name, ok in checks if not ok]
     verdict = "passed" if not failed else "failed: " + ", ".join(failed)
     mode = "strict" if strict else "permissive"
-    return GateResult(
-        gate=gate,
-        target_stage=target,
+    return GateEvaluated(
+        slot="",
+        seed_id="",
+        gate=gate.value,
+        target_stage=target.value,
         passed=not failed,
         checks_passed=passed,
         checks_failed=failed,
@@ -56,7 +61,7 @@ def gate_g0(
     live_seeds: int,
     max_seeds: int,
     strict: bool,
-) -> GateResult:
+) -> GateEvaluated:
     """Germinate: identity and blueprint present, slot empty, seed limit not reached."""
     checks = [
         ("seed_id_present", bool(seed_id)),
@@ -68,13 +73,13 @@ def gate_g0(
     return _result(GateId.G0, SeedStage.GERMINATED, checks, strict)
 
 
-def gate_g1(life: SeedLifecycle, *, strict: bool) -> GateResult:
+def gate_g1(life: SeedLifecycle, *, strict: bool) -> GateEvaluated:
     """Train: the seed has germinated."""
     checks = [("stage_germinated", life.stage == SeedStage.GERMINATED)]
     return _result(GateId.G1, SeedStage.TRAINING, checks, strict)
 
 
-def gate_g2(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateResult:
+def gate_g2(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateEvaluated:
     """Blend: trained long enough with a measured, healthy gradient."""
     checks = [
         ("stage_training", life.stage == SeedStage.TRAINING),
@@ -101,7 +106,7 @@ def gate_g2(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateR
     return _result(GateId.G2, SeedStage.BLENDING, checks, strict)
 
 
-def gate_g3(life: SeedLifecycle, alpha: AlphaController, *, strict: bool) -> GateResult:
+def gate_g3(life: SeedLifecycle, alpha: AlphaController, *, strict: bool) -> GateEvaluated:
     """Hold: the blend reached alpha 1.0 and the controller is at rest."""
     checks = [
         ("stage_blending", life.stage == SeedStage.BLENDING),
@@ -120,7 +125,7 @@ def gate_g3(life: SeedLifecycle, alpha: AlphaController, *, strict: bool) -> Gat
     return _result(GateId.G3, SeedStage.HOLDING, checks, strict)
 
 
-def gate_g5(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateResult:
+def gate_g5(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateEvaluated:
     """Fossilize: contribution measured and the seed healthy (strict: it helps >= 1 pp)."""
     checks = [
         ("stage_holding", life.stage == SeedStage.HOLDING),

@@ -25,7 +25,7 @@ from esper.core.enums import (
     Topology,
 )
 from esper.core.host_family import HostDescriptor, SlotDescriptor, positions
-from esper.core.records import LifecycleRecord, SlotReport
+from esper.core.records import SlotReport
 from esper.model import snapshot
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
 from esper.model.blending import BlendGate
@@ -39,8 +39,9 @@ from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
 from esper.model.slot import SeedSlot
 from esper.model.slot_table import STAGE_CODE, SlotTable, codes
 from esper.model.ticks import LIVE_CODES, tick_slots
+from esper.telemetry.events import LifecycleEvent
 
-Reporter = Callable[[LifecycleRecord], None]
+Reporter = Callable[[LifecycleEvent], None]
 
 #: Strides mixing (model seed, slot, germination count) into a seed module's RNG seed.
 GERMINATION_SEED_STRIDE = 1_000_033
@@ -195,7 +196,7 @@ class MorphogeneticModel(nn.Module):
         for s in self.slot_ids:
             self._slot(s).emit = self._emit
 
-    def _emit(self, record: LifecycleRecord) -> None:
+    def _emit(self, record: LifecycleEvent) -> None:
         if self._reporter is not None:
             self._reporter(record)
 

@@ -2,7 +2,8 @@
 
 The slot owns everything about the seed in it: the module (and blend gate), the stage
 machine, the alpha controller and the metrics. It reports each stage change and gate
-check through ``emit`` (injected by the model) and never imports telemetry.
+check through ``emit`` (injected by the model) as the event itself (the recorder adds
+the round, env and step); it never touches the telemetry hub.
 
 Forward semantics by stage:
 - no seed / GERMINATED / cooldown: the host activation passes through unchanged;
@@ -15,21 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import torch
 from torch import Tensor, nn
 
 from esper.core.constants import STYLE_BLEND, STYLE_CURVE
 from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
-from esper.core.records import (
-    GateRecord,
-    GateResult,
-    LifecycleRecord,
-    SeedFossilizedRecord,
-    SeedGerminatedRecord,
-    SeedPrunedRecord,
-    SlotReport,
-    StageChangedRecord,
-)
+from esper.core.records import SlotReport
 from esper.model import gates
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
 from esper.model.blending import BlendGate, blend, straight_through
@@ -44,11 +37,19 @@ from esper.model.slot_table import (
     METRICS_COLUMNS,
     SlotTable,
 )
+from esper.telemetry.events import (
+    GateEvaluated,
+    LifecycleEvent,
+    SeedFossilized,
+    SeedGerminated,
+    SeedPruned,
+    SeedStageChanged,
+)
 
-Emit = Callable[[LifecycleRecord], None]
+Emit = Callable[[LifecycleEvent], None]
 
 
-def _discard(_record: LifecycleRecord) -> None:
+def _discard(_event: LifecycleEvent) -> None:
     pass
 
 
@@ -171,12 +172,12 @@ class SeedSlot(nn.Module):
         self.metrics.start(current_acc)
         self._emit_stage(SeedStage.DORMANT, spent, initiator)
         self.emit(
-            SeedGerminatedRecord(
+            SeedGerminated(
                 slot=self.slot_id,
                 seed_id=seed_id,
                 blueprint=blueprint,
                 style=int(style),
-                blend_op=blend_op,
+                blend_op=blend_op.value,
                 tempo=tempo,
                 alpha_target=alpha_target,
                 params=self.n_params,
@@ -197,7 +198,7 @@ class SeedSlot(nn.Module):
             return False
         self.emit_gate(result)
         if result.passed:
-            self._move(result.target_stage, initiator)
+            self._move(SeedStage(result.target_stage), initiator)
         return result.passed
 
     def set_alpha_target(
@@ -254,7 +255,7 @@ class SeedSlot(nn.Module):
         self._move(SeedStage.FOSSILIZED, initiator)
         m = self.metrics
         self.emit(
-            SeedFossilizedRecord(
+            SeedFossilized(
                 slot=self.slot_id,
                 seed_id=self.life.seed_id,
                 blueprint=self.life.blueprint,
@@ -339,14 +340,14 @@ class SeedSlot(nn.Module):
         self.gate = None
         self._move(SeedStage.PRUNED, initiator)
         self.emit(
-            SeedPrunedRecord(
+            SeedPruned(
                 slot=self.slot_id,
                 seed_id=life.seed_id,
                 blueprint=life.blueprint,
-                reason=reason,
-                initiator=initiator,
+                reason=reason.value,
+                initiator=initiator.value,
                 age_epochs=life.age_epochs,
-                stage_at_prune=stage_at_prune,
+                stage_at_prune=stage_at_prune.value,
                 contribution=self.metrics.contribution,
                 scheduled=scheduled,
             )
@@ -366,19 +367,19 @@ class SeedSlot(nn.Module):
         blueprint: str | None = None,
     ) -> None:
         self.emit(
-            StageChangedRecord(
+            SeedStageChanged(
                 slot=self.slot_id,
                 seed_id=self.life.seed_id if seed_id is None else seed_id,
                 blueprint=self.life.blueprint if blueprint is None else blueprint,
-                from_stage=src,
-                to_stage=self.life.stage if dst is None else dst,
+                from_stage=src.value,
+                to_stage=(self.life.stage if dst is None else dst).value,
                 epochs_in_prev_stage=spent,
                 alpha=self.effective_alpha,
-                initiator=initiator,
+                initiator=initiator.value,
             )
         )
 
-    def emit_gate(self, result: GateResult, *, seed_id: str | None = None) -> None:
+    def emit_gate(self, result: GateEvaluated, *, seed_id: str | None = None) -> None:
         """Report a gate check (G0 passes the candidate seed id before the seed exists)."""
         sid = self.life.seed_id if seed_id is None else seed_id
-        self.emit(GateRecord(slot=self.slot_id, seed_id=sid, result=result))
+        self.emit(msgspec.structs.replace(result, slot=self.slot_id, seed_id=sid))

@@ -42,8 +42,8 @@ from esper.core.enums import (
     RollbackReason,
     SeedStage,
 )
-from esper.core.records import make_breakdown
 from esper.telemetry import events as ev
+from esper.telemetry.events import make_breakdown
 from esper.telemetry.hub import Hub
 
 SLOTS: Final = ("r0c0", "r0c1", "r1c0")

@@ -142,7 +142,7 @@ class ActionTaken(Event, tag="action_taken", frozen=True, gc=False, kw_only=True
 
 class RewardComputed(Event, tag="reward_computed", frozen=True, gc=False, kw_only=True):
     """A step's reward. Training builds it as its reward breakdown
-    (:func:`esper.core.records.make_breakdown`); the recorder adds the context."""
+    (:func:`make_breakdown`); the recorder adds the context."""
 
     family: str = ""
     op: str = ""
@@ -164,6 +164,22 @@ class RewardComputed(Event, tag="reward_computed", frozen=True, gc=False, kw_onl
 _REWARD_FIELDS: Final = RewardComputed.__struct_fields__
 #: The reward components, in the reward's order: every field between ``op`` and ``total``.
 REWARD_COMPONENTS: Final = _REWARD_FIELDS[_REWARD_FIELDS.index("op") + 1 : -2]
+#: A step's reward breakdown is the ``reward_computed`` event itself (the recorder adds
+#: the family, op, normalised value and the envelope): one field per component, and
+#: ``total``, always their exact sum. Build it with :func:`make_breakdown`.
+RewardBreakdown = RewardComputed
+_ZERO_REWARD: Final = RewardComputed()
+
+
+def make_breakdown(**components: float) -> RewardComputed:
+    """A breakdown whose total is the sum of the given components (in field order)."""
+    unknown = set(components) - set(REWARD_COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown reward component(s): {sorted(unknown)}")
+    total = 0.0
+    for name in REWARD_COMPONENTS:
+        total += components.get(name, 0.0)
+    return msgspec.structs.replace(_ZERO_REWARD, **components, total=total)
 
 
 class CounterfactualComputed(
@@ -271,7 +287,7 @@ class EpisodeFinished(Event, tag="episode_finished", frozen=True, gc=False, kw_o
 
 
 class PpoUpdate(Event, tag="ppo_update", frozen=True, gc=False, kw_only=True):
-    """One PPO update; the learner returns it as its metrics (``core.records.PPOMetrics``)."""
+    """One PPO update; the learner returns it as its metrics (:data:`PPOMetrics`)."""
 
     policy_loss: float
     value_loss: float
@@ -387,6 +403,12 @@ AnyEvent = (
     | WriterStats
     | LayerGradStats
 )
+
+#: One PPO update's metrics: the ``ppo_update`` event itself (the recorder sets its round).
+PPOMetrics = PpoUpdate
+#: What a model reports of its seeds' lifecycle: the events themselves, without their
+#: round, env and step (the recorder adds them).
+LifecycleEvent = SeedGerminated | SeedStageChanged | GateEvaluated | SeedFossilized | SeedPruned
 
 #: Level of each event type: written when ``level <= run level``.
 EVENT_LEVELS: Final[dict[type[Event], TelemetryLevel]] = {

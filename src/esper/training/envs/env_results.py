@@ -17,14 +17,15 @@ from typing import Generic, TypeVar, overload
 import numpy as np
 import torch
 
-from esper.core.records import LifecycleRecord, RollbackRecord, SlotReport
+from esper.core.records import SlotReport
 from esper.policy.masks import ActionMasks
 from esper.policy.signals import SignalTracker
+from esper.telemetry.events import GovernorRollback, LifecycleEvent
 from esper.training.envs.counterfactual import Attribution
 from esper.training.passes.batch_ops import StepStats
 
 #: Lifecycle records with the row (this rank's env position) of the env that made them.
-Records = list[tuple[int, LifecycleRecord]]
+Records = list[tuple[int, LifecycleEvent]]
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Rollback:
     local: int  # the env's position in this rank's batch (its buffer row)
     from_step: int  # the snapshot's step: the segment after it is undone
     to_step: int  # the panic step
-    record: RollbackRecord
+    record: GovernorRollback
     pruned_records: Records  # the seeds the rollback pruned
 
     @property

@@ -20,14 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from esper.core.records import (
-    LifecycleRecord,
-    SeedFossilizedRecord,
-    SeedGerminatedRecord,
-    SeedPrunedRecord,
-)
 from esper.model.slot_table import SlotTable
 from esper.policy.signals import Signals
+from esper.telemetry.events import LifecycleEvent, SeedFossilized, SeedGerminated, SeedPruned
 
 if TYPE_CHECKING:
     from esper.config import Config
@@ -39,9 +34,9 @@ EPISODE_FLOATS = ("reward_sum", "rollback_penalty")
 EPISODE_INTS = ("seeds_germinated", "seeds_fossilized", "seeds_pruned", "rollbacks")
 #: Which lifecycle record counts into which episode total.
 COUNTED: dict[type, str] = {
-    SeedGerminatedRecord: "seeds_germinated",
-    SeedFossilizedRecord: "seeds_fossilized",
-    SeedPrunedRecord: "seeds_pruned",
+    SeedGerminated: "seeds_germinated",
+    SeedFossilized: "seeds_fossilized",
+    SeedPruned: "seeds_pruned",
 }
 
 
@@ -72,7 +67,7 @@ class EnvTable:
         self.memory_potential = np.zeros(n)
         self.memory_seed_params = np.zeros(n, dtype=np.int64)
         #: Lifecycle records as reported, with their env's row (:meth:`reporter`).
-        self.records: list[tuple[int, LifecycleRecord]] = []
+        self.records: list[tuple[int, LifecycleEvent]] = []
         #: Rows whose seeds changed since their optimizers were last brought in line,
         #: and since a batched pass last adopted their seeds into its store.
         self.changed: set[int] = set()
@@ -103,12 +98,12 @@ class EnvTable:
         guard = Guard(n, cfg.governor, random_guess_loss=spec.random_guess_loss)
         return cls(n, n_slots, signals=signals, guard=guard)
 
-    def reporter(self, row: int) -> Callable[[LifecycleRecord], None]:
+    def reporter(self, row: int) -> Callable[[LifecycleEvent], None]:
         """Where env ``row``'s model reports its lifecycle records: into :attr:`records`
         (in the order they happen), counted into its episode totals, and the env marked
         as changed in structure (its seed optimizers are brought in line)."""
 
-        def report(record: LifecycleRecord) -> None:
+        def report(record: LifecycleEvent) -> None:
             self.records.append((row, record))
             self.changed.add(row)
             self.unadopted.add(row)
@@ -118,7 +113,7 @@ class EnvTable:
 
         return report
 
-    def drain(self) -> list[tuple[int, LifecycleRecord]]:
+    def drain(self) -> list[tuple[int, LifecycleEvent]]:
         """The (row, record) pairs reported since the last drain."""
         records, self.records = self.records, []
         return records

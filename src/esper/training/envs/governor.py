@@ -17,7 +17,7 @@ from torch import Tensor
 
 from esper.config import GovernorConfig
 from esper.core.enums import Initiator, PruneReason, RollbackReason
-from esper.core.records import RollbackRecord
+from esper.telemetry.events import GovernorRollback
 
 
 def penalized_step(panic_step: int) -> int:
@@ -253,7 +253,7 @@ class Governor:
         threshold: float,
         clear_optimizers: Callable[[], None],
         transitions_affected: int,
-    ) -> RollbackRecord:
+    ) -> GovernorRollback:
         """Prune live seeds, restore the snapshot, clear optimizer state; report it all."""
         if self._snapshot is None:
             raise RuntimeError("governor rollback without a snapshot (snapshot at env start)")
@@ -272,13 +272,14 @@ class Governor:
         guard.panicked[row] = False
         guard.divergent_run[row] = 0
         guard.rollbacks[row] += 1
-        return RollbackRecord(
-            reason=reason,
+        return GovernorRollback(
+            step=step,
+            reason=reason.value,
             loss=float(loss),
             threshold=float(threshold),
-            panic_step=step,
             restored_to_step=self.snapshot_step,
-            seeds_pruned=tuple(pruned),
+            penalized_step=penalized_step(step),
+            seeds_pruned=list(pruned),
             transitions_affected=int(transitions_affected),
             penalty=self.penalty,
         )

@@ -36,8 +36,9 @@ import numpy as np
 from esper.config import RewardConfig
 from esper.core.constants import ACC_PERCENT_SCALE, FORWARD_STAGES
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
-from esper.core.records import REWARD_COMPONENTS, RewardBreakdown, SlotReport, make_breakdown
+from esper.core.records import SlotReport
 from esper.model.slot_table import STAGE_CODE, STAGES, codes
+from esper.telemetry.events import REWARD_COMPONENTS, RewardBreakdown, make_breakdown
 
 NAN = math.nan
 

@@ -21,12 +21,12 @@ import torch
 from esper.config import Config
 from esper.core.enums import AmpMode, PolicyKind
 from esper.core.layout import Layout
-from esper.core.records import PPOMetrics
 from esper.core.transfer import host_copy
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Policy, PolicyInput
+from esper.telemetry.events import PPOMetrics
 from esper.training.learning.buffer import RolloutBuffer
 from esper.training.learning.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper.training.learning.ppo import PPOUpdater

@@ -34,10 +34,10 @@ from esper.config import PPOConfig
 from esper.core.constants import HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
 from esper.core.layout import Layout
-from esper.core.records import PPOMetrics
 from esper.core.transfer import host_copy
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden
+from esper.telemetry.events import PPOMetrics
 from esper.training.learning.buffer import RolloutBuffer
 from esper.training.learning.normalizers import ValueNormalizer
 

@@ -13,7 +13,7 @@ import msgspec
 
 from esper.config import TelemetryConfig
 from esper.core.enums import AnomalyKind, TelemetryLevel
-from esper.core.records import PPOMetrics
+from esper.telemetry.events import PPOMetrics
 from esper.telemetry.hub import Hub
 
 

@@ -25,19 +25,14 @@ import esper
 from esper.config import Config, with_overrides
 from esper.core.constants import ALL_BLUEPRINTS, ALPHA_TARGETS, HEAD_NAMES, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, PolicyKind, RunStatus, TelemetryLevel
-from esper.core.records import (
-    REWARD_COMPONENTS,
-    GateRecord,
-    LifecycleRecord,
-    PPOMetrics,
-    RollbackRecord,
-    SeedFossilizedRecord,
-    SeedGerminatedRecord,
-    SeedPrunedRecord,
-    StageChangedRecord,
-)
 from esper.policy.actions import ActionSpace
 from esper.telemetry import events as ev
+from esper.telemetry.events import (
+    REWARD_COMPONENTS,
+    GovernorRollback,
+    LifecycleEvent,
+    PPOMetrics,
+)
 from esper.telemetry.hub import Hub
 from esper.training.envs.counterfactual import REASONS, Attribution
 from esper.training.envs.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
@@ -49,7 +44,6 @@ if TYPE_CHECKING:
     from esper.training.loop.anomaly import Anomaly
     from esper.training.loop.trainer import RoundSummary
 
-_RECORD_TAG = SeedGerminatedRecord.__struct_config__.tag_field
 #: An op's name by its code, and the heads an ``action_taken`` of it reports masked.
 OP_NAMES = np.array([op.name for op in LifecycleOp], dtype=object)
 #: A counterfactual reason's event value by its code.
@@ -57,13 +51,6 @@ REASON_VALUES = np.array([r.value for r in REASONS], dtype=object)
 MASKED_HEADS = [[h for h in HEAD_NAMES if h not in RELEVANT_HEADS[op]] for op in LifecycleOp]
 #: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
 _BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
-#: Lifecycle records whose fields are exactly their event's payload (enums as values).
-_SAME_FIELDS: dict[type, type[ev.Event]] = {
-    SeedGerminatedRecord: ev.SeedGerminated,
-    StageChangedRecord: ev.SeedStageChanged,
-    SeedFossilizedRecord: ev.SeedFossilized,
-    SeedPrunedRecord: ev.SeedPruned,
-}
 
 
 class DecisionColumns(Protocol):
@@ -107,32 +94,9 @@ def with_rollback_penalty(row: np.ndarray, penalty: float) -> None:
     row[-1] = total
 
 
-def lifecycle_event(rec: LifecycleRecord, *, rnd: int, env: int, step: int) -> ev.Event:
-    """The ``seed_*``/``gate_evaluated`` event of one lifecycle record from the model."""
-    same = _SAME_FIELDS.get(type(rec))
-    if same is not None:
-        # to_builtins turns enums into their values and tuples into lists, as events store
-        # them; the record's own tag is not a payload field.
-        payload = msgspec.to_builtins(rec)
-        payload.pop(_RECORD_TAG, None)
-        return same(round=rnd, env=env, step=step, **payload)
-    if isinstance(rec, GateRecord):
-        res = rec.result
-        return ev.GateEvaluated(
-            round=rnd,
-            env=env,
-            step=step,
-            slot=rec.slot,
-            seed_id=rec.seed_id,
-            gate=res.gate.value,
-            target_stage=res.target_stage.value,
-            passed=res.passed,
-            checks_passed=list(res.checks_passed),
-            checks_failed=list(res.checks_failed),
-            message=res.message,
-            strict=res.strict,
-        )
-    raise TypeError(f"unknown lifecycle record {type(rec).__name__}")  # pragma: no cover
+def lifecycle_event(rec: LifecycleEvent, *, rnd: int, env: int, step: int) -> ev.Event:
+    """A lifecycle event from the model (its payload only) stamped with where it happened."""
+    return msgspec.structs.replace(rec, round=rnd, env=env, step=step)
 
 
 class Recorder:
@@ -308,7 +272,7 @@ class Recorder:
         for rb in e.rollbacks:
             self._penalize(rb.local, rb.penalty, penalized_step(step))
             self._lifecycle(rb.pruned_records, rnd=rnd, step=step)
-            self._rollback(rb.record, rnd=rnd, env=self.env_offset + rb.local, step=step)
+            self._rollback(rb.record, rnd=rnd, env=self.env_offset + rb.local)
         self._lifecycle(e.records, rnd=rnd, step=step)
         if self.hub.enabled(TelemetryLevel.NORMAL):
             self._counterfactuals(e.attribution, e.slot_ids, rnd=rnd, step=step)
@@ -406,22 +370,8 @@ class Recorder:
         for row, rec in records:
             self.hub.emit(lifecycle_event(rec, rnd=rnd, env=offset + row, step=step))
 
-    def _rollback(self, rec: RollbackRecord, *, rnd: int, env: int, step: int) -> None:
-        self.hub.emit(
-            ev.GovernorRollback(
-                round=rnd,
-                env=env,
-                step=step,
-                reason=rec.reason.value,
-                loss=rec.loss,
-                threshold=rec.threshold,
-                restored_to_step=rec.restored_to_step,
-                penalized_step=penalized_step(step),
-                seeds_pruned=list(rec.seeds_pruned),
-                transitions_affected=rec.transitions_affected,
-                penalty=rec.penalty,
-            )
-        )
+    def _rollback(self, rec: GovernorRollback, *, rnd: int, env: int) -> None:
+        self.hub.emit(msgspec.structs.replace(rec, round=rnd, env=env))
 
     def _counterfactuals(
         self, a: Attribution, slot_ids: tuple[str, ...], *, rnd: int, step: int
