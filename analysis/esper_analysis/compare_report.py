@@ -4,7 +4,7 @@ the differences against the reference (runs pair by pair, or groups of seeds).""
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import polars as pl
@@ -62,32 +62,50 @@ def compare_section(
     return _groups_section(result, per_round, x_axis)
 
 
-def _runs_section(runs: Sequence[Run], result: Comparison, x_axis: str) -> str:
-    per_round = {r.run_id: steps_per_round(r) for r in runs}
+def _curve_charts(
+    curves: pl.DataFrame,
+    key: str,
+    labels: list[str],
+    per_round: dict[str, int | None],
+    x_axis: str,
+    *,
+    metric: Callable[[str], str],
+    by: str = "",
+) -> list[str]:
+    """One line chart per plotted column, a line (and band) per label, in ``labels``'
+    order (the curves' rows where ``key`` is that label)."""
     charts = []
     for col, title, y_label in _PLOTS:
+        name = metric(col)
         series = []
-        for label in result.runs["run"].to_list():
-            frame = result.curves.filter(pl.col("run") == label)
+        for label in labels:
+            frame = curves.filter(pl.col(key) == label)
             series.append(
                 Series(
                     label,
                     x_values(frame["round"].to_list(), per_round.get(label), x_axis),
-                    frame[col].to_list(),
-                    low=frame[f"{col}_low"].to_list(),
-                    high=frame[f"{col}_high"].to_list(),
+                    frame[name].to_list(),
+                    low=frame[f"{name}_low"].to_list(),
+                    high=frame[f"{name}_high"].to_list(),
                 )
             )
         charts.append(
             line_chart(
                 f"compare-{col}",
-                f"{title} per round",
+                f"{title} per round" + (f", by {by}" if by else ""),
                 series,
                 x_label=x_label(x_axis),
                 y_label=y_label,
                 zero_based=col == "episode_reward",
             )
         )
+    return charts
+
+
+def _runs_section(runs: Sequence[Run], result: Comparison, x_axis: str) -> str:
+    per_round = {r.run_id: steps_per_round(r) for r in runs}
+    labels = result.runs["run"].to_list()
+    charts = _curve_charts(result.curves, "run", labels, per_round, x_axis, metric=str)
     note = (
         f"<p class='note'>Lines: mean over envs; bands: lowest to highest env. Reference: "
         f"{html.escape(result.reference)}; differences are run minus reference, "
@@ -97,31 +115,11 @@ def _runs_section(runs: Sequence[Run], result: Comparison, x_axis: str) -> str:
 
 
 def _groups_section(result: GroupComparison, per_round: dict[str, int | None], x_axis: str) -> str:
-    charts = []
-    for col, title, y_label in _PLOTS:
-        metric = _GROUP_METRIC[col]
-        series = []
-        for name in result.groups["group"].unique(maintain_order=True).to_list():
-            frame = result.curves.filter(pl.col("group") == name)
-            series.append(
-                Series(
-                    name,
-                    x_values(frame["round"].to_list(), per_round.get(name), x_axis),
-                    frame[metric].to_list(),
-                    low=frame[f"{metric}_low"].to_list(),
-                    high=frame[f"{metric}_high"].to_list(),
-                )
-            )
-        charts.append(
-            line_chart(
-                f"compare-{col}",
-                f"{title} per round, by {result.grouped_by}",
-                series,
-                x_label=x_label(x_axis),
-                y_label=y_label,
-                zero_based=col == "episode_reward",
-            )
-        )
+    labels = result.groups["group"].unique(maintain_order=True).to_list()
+    charts = _curve_charts(
+        result.curves, "group", labels, per_round, x_axis, metric=_GROUP_METRIC.__getitem__,
+        by=result.grouped_by,
+    )  # fmt: skip
     note = (
         "<p class='note'>Lines: mean over each group's seeds; bands: 95 % confidence "
         "interval over seeds (none for a group of one seed). Reference group: "
