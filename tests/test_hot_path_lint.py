@@ -32,6 +32,7 @@ HOT_MODULES = [
     "training/envs/step_rewards.py",
     "policy/features.py",
     "policy/masks.py",
+    "policy/mask_rules.py",
     "policy/network.py",
     "policy/heuristic.py",
     "policy/eager.py",

@@ -1,4 +1,5 @@
-"""Import boundaries: the CLI's help, the event catalogue and the config need no torch."""
+"""Import boundaries: the CLI's help, the event catalogue, the config and the demo's
+lifecycle code need no torch."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def _torch_modules(body: str) -> list[str]:
         "import esper.telemetry.events",
         "import esper.config",
         "import esper.telemetry.hub, esper.telemetry.schemas, esper.telemetry.demo",
+        # the lifecycle code the demo drives (esper.model's init loads its names lazily)
+        "import esper.model.slot_state, esper.model.ticks, esper.policy.mask_rules",
         "from esper.cli import main\ncode = main(['--help'])\nassert code == 0, code",
         "from esper.cli import main\nassert main(['train', '--help']) == 0",
         "from esper.cli import main\nassert main(['analyze', '--help']) == 0",

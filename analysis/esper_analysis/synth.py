@@ -1,8 +1,8 @@
 """Synthetic runs of any size (benchmarks, tests), from the project's one simulator.
 
-The telemetry demo (:mod:`esper.telemetry.demo`: seeds that follow the real lifecycle
-rules, rewards that sum to their totals, rollbacks that reach their reward rows and
-episodes) is run for as many rounds as the requested number of events takes, through
+The telemetry demo (:mod:`esper.telemetry.demo`: seeds driven by the model's own
+torch-free lifecycle code, rewards that sum to their totals, rollbacks that reach their
+reward rows and episodes) is run for as many rounds as the requested number of events takes, through
 the real hub and writer, so the run directory is exactly what a training run writes.
 """
 

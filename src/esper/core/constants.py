@@ -31,8 +31,8 @@ DEFAULT_MAX_SEEDS: Final = 3
 FORWARD_STAGES: Final = frozenset(
     {SeedStage.TRAINING, SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED}
 )
-# Action-mask rules by stage, torch-free so that the policy's masks (policy/masks.py)
-# and the demo stream (telemetry/demo_env.py) read the same ones.
+# Action-mask rules by stage, torch-free: the mask rules (policy/mask_rules.py) that
+# the policy's masks and the telemetry demo both evaluate read them.
 #: While any slot holds a seed in one of these stages, nothing new may germinate.
 GERMINATE_BLOCKING: Final = (
     SeedStage.GERMINATED,

@@ -79,14 +79,18 @@ def gate_g1(life: SeedLifecycle, *, strict: bool) -> GateEvaluated:
     return _result(GateId.G1, SeedStage.TRAINING, checks, strict)
 
 
-def gate_g2(life: SeedLifecycle, metrics: SeedMetrics, *, strict: bool) -> GateEvaluated:
-    """Blend: trained long enough with a measured, healthy gradient."""
+def gate_g2(
+    life: SeedLifecycle,
+    metrics: SeedMetrics,
+    *,
+    strict: bool,
+    min_epochs: int = G2_MIN_TRAINING_EPOCHS,
+) -> GateEvaluated:
+    """Blend: trained ``min_epochs`` or more with a measured, healthy gradient (the
+    threshold is a parameter so the short telemetry demo can scale it down)."""
     checks = [
         ("stage_training", life.stage == SeedStage.TRAINING),
-        (
-            f"epochs_in_training>={G2_MIN_TRAINING_EPOCHS}",
-            life.epochs_in_stage >= G2_MIN_TRAINING_EPOCHS,
-        ),
+        (f"epochs_in_training>={min_epochs}", life.epochs_in_stage >= min_epochs),
         ("gradient_health_measured", math.isfinite(metrics.grad_health)),
         (f"gradient_health>={G2_MIN_GRADIENT_HEALTH}", _healthy(metrics)),
     ]

@@ -1,9 +1,9 @@
-"""A seed slot: one insertion point in the host, with its seed, lifecycle and alpha.
+"""A seed slot: one insertion point in the host, with its seed module, lifecycle and alpha.
 
-The slot owns everything about the seed in it: the module (and blend gate), the stage
-machine, the alpha controller and the metrics. It reports each stage change and gate
-check through ``emit`` (injected by the model) as the event itself (the recorder adds
-the round, env and step); it never touches the telemetry hub.
+The lifecycle operations (gates, stage moves, alpha, metrics, events) are
+:class:`~esper.model.slot_state.SlotState`'s, torch-free; this class adds what needs
+torch: the seed module and its blend gate (submodules only while a seed is present),
+the forward pass, and building, freezing and restoring those modules.
 
 Forward semantics by stage:
 - no seed / GERMINATED / cooldown: the host activation passes through unchanged;
@@ -14,46 +14,19 @@ Forward semantics by stage:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import msgspec
 import torch
 from torch import Tensor, nn
 
-from esper.core.constants import STYLE_BLEND, STYLE_CURVE
-from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
-from esper.core.records import SlotReport
-from esper.model import gates
-from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
+from esper.core.enums import GerminationStyle, Initiator, SeedStage
+from esper.model.alpha import ALPHA_MAX
 from esper.model.blending import BlendGate, blend, straight_through
 from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
 from esper.model.metrics import SeedMetrics
-from esper.model.reports import slot_report
-from esper.model.slot_table import (
-    COLUMNS,
-    INITIATOR_CODE,
-    INITIATORS,
-    LIFECYCLE_COLUMNS,
-    METRICS_COLUMNS,
-    SlotTable,
-)
-from esper.telemetry.events import (
-    GateEvaluated,
-    LifecycleEvent,
-    SeedFossilized,
-    SeedGerminated,
-    SeedPruned,
-    SeedStageChanged,
-)
-
-Emit = Callable[[LifecycleEvent], None]
+from esper.model.slot_state import SlotState
+from esper.model.slot_table import LIFECYCLE_COLUMNS, METRICS_COLUMNS, SlotTable
 
 
-def _discard(_event: LifecycleEvent) -> None:
-    pass
-
-
-class SeedSlot(nn.Module):
+class SeedSlot(SlotState, nn.Module):
     """One slot; ``seed`` and ``gate`` are submodules only while a seed is present."""
 
     seed: nn.Module | None
@@ -70,37 +43,14 @@ class SeedSlot(nn.Module):
         row: int = 0,
         col: int = 0,
     ) -> None:
-        super().__init__()
-        self.slot_id = slot_id
+        nn.Module.__init__(self)
         self.width = width
-        self.strict = strict
-        self.auto_advance = auto_advance
         self.register_module("seed", None)
         self.register_module("gate", None)
-        table = SlotTable(1, 1) if table is None else table
-        self.life = SeedLifecycle(table, row, col)
-        self.alpha = AlphaController(table=table, row=row, col=col)
-        self.metrics = SeedMetrics(table, row, col)
-        self.emit: Emit = _discard
-
-    def bind(self, table: SlotTable, row: int, col: int) -> None:
-        """Keep this slot's state in another table's cell (copied there first)."""
-        old = self.life
-        for name in COLUMNS:
-            getattr(table, name)[row, col] = getattr(old.table, name)[old.row, old.col]
-        for view in (self.life, self.alpha, self.metrics):
-            view.bind(table, row, col)
-
-    @property
-    def n_params(self) -> int:
-        """Parameters of the seed (and its blend gate) while one is installed."""
-        life = self.life
-        return int(life.table.n_params[life.row, life.col])
-
-    @n_params.setter
-    def n_params(self, value: int) -> None:
-        life = self.life
-        life.table.n_params[life.row, life.col] = value
+        SlotState.__init__(
+            self, slot_id, strict=strict, auto_advance=auto_advance, table=table, row=row,
+            col=col,
+        )  # fmt: skip
 
     # --- forward ---------------------------------------------------------------------
 
@@ -119,16 +69,6 @@ class SeedSlot(nn.Module):
         a: float | Tensor = self.alpha.alpha if alpha is None else alpha
         return blend(self.life.blend_op, h, seed(h), h, a, self.gate)
 
-    # --- queries ---------------------------------------------------------------------
-
-    @property
-    def stage(self) -> SeedStage:
-        return self.life.stage
-
-    @property
-    def effective_alpha(self) -> float:
-        return self.alpha.alpha if self.life.stage in BLENDED_STAGES else ALPHA_MIN
-
     def seed_parameters(self) -> list[nn.Parameter]:
         params: list[nn.Parameter] = []
         for module in (self.seed, self.gate):
@@ -136,11 +76,7 @@ class SeedSlot(nn.Module):
                 params.extend(module.parameters())
         return params
 
-    def report(self) -> SlotReport:
-        life = self.life
-        return slot_report(life.table, life.row, life.col, self.slot_id)
-
-    # --- lifecycle operations ----------------------------------------------------------
+    # --- the seed's modules ------------------------------------------------------------
 
     def install(
         self,
@@ -156,139 +92,18 @@ class SeedSlot(nn.Module):
         initiator: Initiator,
     ) -> None:
         """DORMANT -> GERMINATED with a freshly built seed (G0 already passed)."""
-        blend_op = STYLE_BLEND[style]
-        spent = self.life.germinate(
+        self.seed = seed
+        self.gate = gate
+        self.germinate(
             seed_id=seed_id,
             blueprint=blueprint,
             style=style,
-            blend_op=blend_op,
             tempo=tempo,
-            planned_target=alpha_target,
+            alpha_target=alpha_target,
+            current_acc=current_acc,
+            n_params=sum([p.numel() for p in self.seed_parameters()]),
+            initiator=initiator,
         )
-        self.seed = seed
-        self.gate = gate
-        self.n_params = sum([p.numel() for p in self.seed_parameters()])
-        self.alpha.reset()
-        self.metrics.start(current_acc)
-        self._emit_stage(SeedStage.DORMANT, spent, initiator)
-        self.emit(
-            SeedGerminated(
-                slot=self.slot_id,
-                seed_id=seed_id,
-                blueprint=blueprint,
-                style=int(style),
-                blend_op=blend_op.value,
-                tempo=tempo,
-                alpha_target=alpha_target,
-                params=self.n_params,
-                acc_at_germination=current_acc,
-            )
-        )
-
-    def advance(self, initiator: Initiator) -> bool:
-        """GERMINATED->TRAINING (G1), TRAINING->BLENDING (G2), BLENDING->HOLDING (G3)."""
-        stage = self.life.stage
-        if stage == SeedStage.GERMINATED:
-            result = gates.gate_g1(self.life, strict=self.strict)
-        elif stage == SeedStage.TRAINING:
-            result = gates.gate_g2(self.life, self.metrics, strict=self.strict)
-        elif stage == SeedStage.BLENDING:
-            result = gates.gate_g3(self.life, self.alpha, strict=self.strict)
-        else:
-            return False
-        self.emit_gate(result)
-        if result.passed:
-            self._move(SeedStage(result.target_stage), initiator)
-        return result.passed
-
-    def set_alpha_target(
-        self, target: float, speed: int, curve: AlphaCurve, initiator: Initiator
-    ) -> bool:
-        """Retarget a BLENDING/HOLDING seed at rest (HOLDING goes back to BLENDING)."""
-        if not ALPHA_MIN <= target <= ALPHA_MAX or speed < 0:
-            raise ValueError(f"alpha target {target} / speed {speed} out of range")
-        life = self.life
-        if life.stage not in (SeedStage.BLENDING, SeedStage.HOLDING) or life.scheduled_prune:
-            return False
-        if not self.alpha.at_rest or target == self.alpha.alpha:
-            return False
-        if life.stage == SeedStage.HOLDING:
-            self._move(SeedStage.BLENDING, initiator)
-        self.alpha.retarget(target, speed, curve)
-        return True
-
-    def prune(
-        self, *, speed: int, curve: AlphaCurve, reason: PruneReason, initiator: Initiator
-    ) -> bool:
-        """Instant (speed 0 or alpha already 0) or scheduled (ramp alpha to 0, then prune)."""
-        life = self.life
-        if not life.live or life.stage == SeedStage.FOSSILIZED or life.scheduled_prune:
-            return False
-        if speed == 0 or self.effective_alpha == ALPHA_MIN:
-            self._prune_now(reason, initiator, scheduled=False)
-            return True
-        if not self.alpha.at_rest:
-            return False
-        if life.stage == SeedStage.HOLDING:
-            self._move(SeedStage.BLENDING, initiator)
-        self.alpha.retarget(ALPHA_MIN, speed, curve)
-        life.scheduled_prune = True
-        life.table.prune_initiator[life.row, life.col] = INITIATOR_CODE[initiator]
-        self._set_trainable(False)
-        return True
-
-    def force_prune(self, reason: PruneReason, initiator: Initiator) -> bool:
-        """Prune a live, non-fossilized seed at once (even mid-ramp); used by rollbacks."""
-        if not self.life.live or self.life.stage == SeedStage.FOSSILIZED:
-            return False
-        self._prune_now(reason, initiator, scheduled=False)
-        return True
-
-    def fossilize(self, initiator: Initiator) -> bool:
-        """HOLDING -> FOSSILIZED through G5."""
-        if not self.life.live:
-            return False
-        result = gates.gate_g5(self.life, self.metrics, strict=self.strict)
-        self.emit_gate(result)
-        if not result.passed:
-            return False
-        self._move(SeedStage.FOSSILIZED, initiator)
-        m = self.metrics
-        self.emit(
-            SeedFossilized(
-                slot=self.slot_id,
-                seed_id=self.life.seed_id,
-                blueprint=self.life.blueprint,
-                contribution=m.contribution,
-                params=self.n_params,
-                age_epochs=self.life.age_epochs,
-            )
-        )
-        return True
-
-    def finish_cooldown(self) -> None:
-        """The cooldown stage changes its counter is due (after the vectorised tick moved
-        it; :func:`esper.model.ticks.tick_slots`), reported one by one."""
-        life = self.life
-        seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
-        for src, dst, spent in life.cooldown_moves():
-            self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
-
-    def complete_scheduled_prune(self) -> None:
-        """A scheduled prune's ramp came to rest at alpha 0: prune now."""
-        life = self.life
-        initiator = INITIATORS[int(life.table.prune_initiator[life.row, life.col])]
-        self._prune_now(PruneReason.SCHEDULED_COMPLETE, initiator, scheduled=True)
-
-    def record_contribution(self, contribution_pp: float) -> None:
-        if self.life.live:
-            self.metrics.record_contribution(contribution_pp)
-
-    def record_gradients(self, seed_norm: float, host_norm: float, n_host: int) -> None:
-        """Take one epoch's gradient norms; only seeds that train are measured."""
-        trains = self.life.stage in BLENDED_STAGES or self.life.stage == SeedStage.TRAINING
-        if trains and not self.life.scheduled_prune:
-            self.metrics.record_gradients(seed_norm, self.n_params, host_norm, n_host)
 
     def restore_fossil(
         self,
@@ -318,68 +133,10 @@ class SeedSlot(nn.Module):
         self.alpha.reset()
         self.n_params = 0
 
-    # --- internals -------------------------------------------------------------------
-
-    def _move(self, dst: SeedStage, initiator: Initiator) -> None:
-        src = self.life.stage
-        spent = self.life.transition(dst)
-        self.metrics.on_stage_start()
-        if dst == SeedStage.BLENDING and src == SeedStage.TRAINING:
-            curve = STYLE_CURVE[self.life.style]
-            self.alpha.retarget(self.life.planned_target, self.life.tempo, curve)
-        elif dst == SeedStage.HOLDING:
-            self.alpha.force(ALPHA_MAX)
-        self._emit_stage(src, spent, initiator)
-
-    def _prune_now(self, reason: PruneReason, initiator: Initiator, *, scheduled: bool) -> None:
-        life = self.life
-        stage_at_prune = life.stage
-        life.scheduled_prune = False
-        self.alpha.force(ALPHA_MIN)
-        self.seed = None
-        self.gate = None
-        self._move(SeedStage.PRUNED, initiator)
-        self.emit(
-            SeedPruned(
-                slot=self.slot_id,
-                seed_id=life.seed_id,
-                blueprint=life.blueprint,
-                reason=reason.value,
-                initiator=initiator.value,
-                age_epochs=life.age_epochs,
-                stage_at_prune=stage_at_prune.value,
-                contribution=self.metrics.contribution,
-                scheduled=scheduled,
-            )
-        )
-
     def _set_trainable(self, flag: bool) -> None:
         for p in self.seed_parameters():
             p.requires_grad_(flag)
 
-    def _emit_stage(
-        self,
-        src: SeedStage,
-        spent: int,
-        initiator: Initiator,
-        dst: SeedStage | None = None,
-        seed_id: str | None = None,
-        blueprint: str | None = None,
-    ) -> None:
-        self.emit(
-            SeedStageChanged(
-                slot=self.slot_id,
-                seed_id=self.life.seed_id if seed_id is None else seed_id,
-                blueprint=self.life.blueprint if blueprint is None else blueprint,
-                from_stage=src.value,
-                to_stage=(self.life.stage if dst is None else dst).value,
-                epochs_in_prev_stage=spent,
-                alpha=self.effective_alpha,
-                initiator=initiator.value,
-            )
-        )
-
-    def emit_gate(self, result: GateEvaluated, *, seed_id: str | None = None) -> None:
-        """Report a gate check (G0 passes the candidate seed id before the seed exists)."""
-        sid = self.life.seed_id if seed_id is None else seed_id
-        self.emit(msgspec.structs.replace(result, slot=self.slot_id, seed_id=sid))
+    def _drop_seed(self) -> None:
+        self.seed = None
+        self.gate = None

@@ -24,10 +24,11 @@ from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_STAGES, cooldown_stage_c
 from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, codes
 
 if TYPE_CHECKING:
-    from esper.model.slot import SeedSlot
+    from esper.model.slot_state import SlotState
 
-#: The slot object of table cell (row, col): what the per-cell work goes through.
-SlotOf = Callable[[int, int], "SeedSlot"]
+#: The slot object of table cell (row, col): what the per-cell work goes through (a
+#: model's :class:`~esper.model.slot.SeedSlot`, or the demo's torch-free ``SlotState``).
+SlotOf = Callable[[int, int], "SlotState"]
 
 LIVE_CODES = codes(LIVE_STAGES, STAGE_CODE)
 COOLDOWN_CODES = codes(COOLDOWN_STAGES, STAGE_CODE)
@@ -38,18 +39,31 @@ _BLENDING = STAGE_CODE[SeedStage.BLENDING]
 _HOLD = MODE_CODE[AlphaMode.HOLD]
 
 
-def advance_due(t: SlotTable, rows: np.ndarray) -> np.ndarray:
-    """Auto-advance: cells whose gate's timing rules can pass (G1 at once, G2 after the
-    minimum training epochs, G3 once the blend rests at alpha 1); the gate's other
-    checks (gradient health, strict extras) still decide."""
-    stage = t.stage[rows]
-    at_rest = t.alpha_mode[rows] == _HOLD
-    due: np.ndarray = (
+def advance_ready(
+    stage: np.ndarray,
+    epochs_in_stage: np.ndarray,
+    at_rest: np.ndarray,
+    alpha_target: np.ndarray,
+    *,
+    g2_min_epochs: int = G2_MIN_TRAINING_EPOCHS,
+) -> np.ndarray:
+    """Cells whose ADVANCE gate's timing rules can pass (G1 at once, G2 after
+    ``g2_min_epochs`` training epochs, G3 once the blend rests at alpha 1); the gate's
+    other checks (gradient health, strict extras) still decide. Auto-advance and the
+    ADVANCE mask (:mod:`esper.policy.mask_rules`) both ask this."""
+    ready: np.ndarray = (
         (stage == _GERMINATED)
-        | ((stage == _TRAINING) & (t.epochs_in_stage[rows] >= G2_MIN_TRAINING_EPOCHS))
-        | ((stage == _BLENDING) & at_rest & (t.alpha_target[rows] == ALPHA_MAX))
+        | ((stage == _TRAINING) & (epochs_in_stage >= g2_min_epochs))
+        | ((stage == _BLENDING) & at_rest & (alpha_target >= ALPHA_MAX))
     )
-    return due
+    return ready
+
+
+def advance_due(t: SlotTable, rows: np.ndarray) -> np.ndarray:
+    """Auto-advance: :func:`advance_ready` for the cells of ``rows``."""
+    return advance_ready(
+        t.stage[rows], t.epochs_in_stage[rows], t.alpha_mode[rows] == _HOLD, t.alpha_target[rows]
+    )
 
 
 def tick_slots(

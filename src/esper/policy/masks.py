@@ -9,11 +9,12 @@ that from the reward cost PPO several refusals per episode (docs/training.md). W
 to blend before the episode's last validation: under the true-terminal episode end such
 a seed can only cost parameters.
 
-The slots' state already lives on the host (the round's slot table), so the rules are
+The slots' state already lives on the host (the round's slot table), so the rules
+(:mod:`esper.policy.mask_rules`, torch-free: the telemetry demo uses them too) are
 evaluated there as numpy arrays over [N envs, S slots], for all envs at once, and moved
-to the policy device in a single transfer. The
-slot mask is per op ([N, ops, S]) because which slots are legal depends on the op; an op
-is valid exactly when at least one slot is legal for it (WAIT is always valid).
+to the policy device in a single transfer. The slot mask is per op ([N, ops, S])
+because which slots are legal depends on the op; an op is valid exactly when at least
+one slot is legal for it (WAIT is always valid).
 """
 
 from __future__ import annotations
@@ -26,30 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esper.core.constants import (
-    ALPHA_TARGETS,
-    G2_MIN_TRAINING_EPOCHS,
-    GERMINATE_BLOCKING,
-    GERMINATE_MIN_STEPS_LEFT,
-    HEAD_NAMES,
-    MIN_PRUNE_AGE,
-    OCCUPYING,
-    PRUNABLE,
-    PRUNABLE_AFTER_BLENDING,
-    RETARGETABLE,
-)
-from esper.core.enums import AlphaMode, LifecycleOp, SeedStage
+from esper.core.constants import HEAD_NAMES
 from esper.core.records import SlotReport
-from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable
+from esper.model.slot_table import SlotTable
 from esper.policy.actions import N_OPS, ActionSpace
 from esper.policy.features import SlotSource, slot_columns
-
-#: G3 needs the blend's target to be full alpha.
-FULL_ALPHA = max(ALPHA_TARGETS)
-
-
-def _codes(stages: Sequence[SeedStage]) -> np.ndarray:
-    return np.array([STAGE_CODE[s] for s in stages], dtype=np.int64)
+from esper.policy.mask_rules import op_mask, slot_op_mask
 
 
 @dataclass(frozen=True)
@@ -154,40 +137,17 @@ def build_mask_arrays(
     env its reports (any order; matched to the space's slots by id). ``steps_left``:
     steps of the episode still to play, this one included (``None``: no germination
     deadline). ``prune_after_blending``: PRUNE only seeds that have started blending
-    (see :data:`PRUNABLE_AFTER_BLENDING`)."""
+    (see :data:`esper.core.constants.PRUNABLE_AFTER_BLENDING`)."""
     if not isinstance(reports, SlotTable):
         reports = [order_reports(env, space) for env in reports]
-    col = slot_columns(reports)
-    stage = col["stage"]
-    n, s = stage.shape[0], space.n_slots
-    at_rest = col["alpha_mode"] == MODE_CODE[AlphaMode.HOLD]
-    age = col["age_epochs"]
-    steady = ~col["scheduled_prune"].astype(bool)  # a seed being scheduled-pruned accepts no ops
-
-    blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
-    under_limit = np.isin(stage, _codes(OCCUPYING)).sum(axis=1) < max_seeds
-    in_time = steps_left is None or steps_left >= GERMINATE_MIN_STEPS_LEFT
-    can_germinate = (~blocked & under_limit & in_time)[:, None]
-    blending = stage == STAGE_CODE[SeedStage.BLENDING]
-
-    slot = np.zeros((n, N_OPS, s), dtype=bool)
-    slot[:, LifecycleOp.WAIT] = True
-    slot[:, LifecycleOp.GERMINATE] = (stage == STAGE_CODE[SeedStage.DORMANT]) & can_germinate
-    trained = (stage == STAGE_CODE[SeedStage.TRAINING]) & (
-        col["epochs_in_stage"] >= G2_MIN_TRAINING_EPOCHS
+    slot = slot_op_mask(
+        slot_columns(reports),
+        max_seeds=max_seeds,
+        steps_left=steps_left,
+        prune_after_blending=prune_after_blending,
     )
-    blended = blending & at_rest & (col["alpha_target"] >= FULL_ALPHA)
-    slot[:, LifecycleOp.ADVANCE] = steady & (
-        (stage == STAGE_CODE[SeedStage.GERMINATED]) | trained | blended
-    )
-    slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
-    prunable = PRUNABLE_AFTER_BLENDING if prune_after_blending else PRUNABLE
-    slot[:, LifecycleOp.PRUNE] = (
-        steady & at_rest & (age >= MIN_PRUNE_AGE) & np.isin(stage, _codes(prunable))
-    )
-    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & np.isin(stage, _codes(RETARGETABLE))
-    op: np.ndarray = np.asarray(slot.any(axis=2))
-    op[:, LifecycleOp.WAIT] = True
+    op = op_mask(slot)
+    n = slot.shape[0]
     return {"op": op, "slot": slot, **menu_masks(space, n)}
 
 

@@ -1,12 +1,12 @@
 """A deterministic synthetic training run, emitted through the real hub and writer.
 
 Besides the trainer, this produces a realistic run directory: several envs and rounds,
-seeds that germinate, advance through gates, blend, fossilize or get pruned (the real
-lifecycle rules, :mod:`esper.telemetry.demo_env`), governor rollbacks, PPO updates, an
-anomaly that escalates the level to ``debug`` for a bounded number of rounds,
-checkpoints, and rewards whose components sum to the total. Every event type of the
-catalogue appears with the default arguments. It is the one simulator of the project:
-``esper telemetry-demo`` and the analysis layer's synthetic runs
+seeds that germinate, advance through gates, blend, fossilize or get pruned (driven by
+the model's own torch-free lifecycle code, :mod:`esper.telemetry.demo_env`), governor
+rollbacks, PPO updates, an anomaly that escalates the level to ``debug`` for a bounded
+number of rounds, checkpoints, and rewards whose components sum to the total. Every
+event type of the catalogue appears with the default arguments. It is the one simulator
+of the project: ``esper telemetry-demo`` and the analysis layer's synthetic runs
 (:func:`esper_analysis.synth.synthesize_run`, the benchmarks' 10M-event run) both run
 it. The numbers are synthetic (a seeded ``random.Random``), never measured; only
 timestamps vary between two runs with the same seed.
@@ -28,7 +28,7 @@ from esper.core.constants import CNN_BLUEPRINTS, HEAD_NAMES
 from esper.core.enums import AnomalyKind, RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry import events as ev
-from esper.telemetry.demo_env import DemoEnv
+from esper.telemetry.demo_env import DemoRound
 from esper.telemetry.hub import Hub, open_run
 from esper.telemetry.lock import RunLockedError, run_lock_owner
 from esper.telemetry.manifest import read_manifests
@@ -188,15 +188,15 @@ class _DemoRun:
                 lr=3e-4,
             )
         )
-        envs = [DemoEnv(self.hub, self.rng, rnd, env, CNN_BLUEPRINTS) for env in range(self.s.envs)]
+        demo_round = DemoRound(self.hub, self.rng, rnd, self.s.envs, CNN_BLUEPRINTS)
+        envs = demo_round.envs
         panics = {(0, self.s.steps // 2)} if rnd == ROLLBACK_ROUND else set()
         if self.s.rollback_p > 0:
             for i in range(self.s.envs):
                 if self.rng.random() < self.s.rollback_p:
                     panics.add((i, self.rng.randrange(self.s.steps)))
         for step in range(self.s.steps):
-            for env in envs:
-                env.step(step, panic=(env.env, step) in panics)
+            demo_round.step(step, {env for env, at in panics if at == step})
         self.rollbacks += sum(e.rollbacks for e in envs)
         rewards, accs = [], []
         for env in envs:

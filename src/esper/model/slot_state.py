@@ -1,0 +1,319 @@
+"""A seed slot's lifecycle operations without its modules (torch-free).
+
+Why apart from :class:`~esper.model.slot.SeedSlot`: every rule of what an operation
+does (which gate it passes, which stage it moves to, what happens to alpha and the
+metrics, which events it reports) is bookkeeping over a
+:class:`~esper.model.slot_table.SlotTable` cell and needs no torch. ``SeedSlot`` adds
+the seed module, its blend gate and the forward pass; the telemetry demo drives this
+class directly, so its synthetic lifecycles follow the same code as a training run.
+
+Each stage change and gate check is reported through ``emit`` (injected by the owner)
+as the event itself; the recorder (or the demo) adds the round, env and step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from esper.core.constants import G2_MIN_TRAINING_EPOCHS, STYLE_BLEND, STYLE_CURVE
+from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
+from esper.core.records import SlotReport
+from esper.model import gates
+from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
+from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
+from esper.model.metrics import SeedMetrics
+from esper.model.reports import slot_report
+from esper.model.slot_table import COLUMNS, INITIATOR_CODE, INITIATORS, SlotTable
+from esper.telemetry.events import (
+    GateEvaluated,
+    LifecycleEvent,
+    SeedFossilized,
+    SeedGerminated,
+    SeedPruned,
+    SeedStageChanged,
+)
+
+Emit = Callable[[LifecycleEvent], None]
+
+
+def _discard(_event: LifecycleEvent) -> None:
+    pass
+
+
+class SlotState:
+    """Lifecycle, alpha and metrics of one slot (views of one table cell) and the
+    operations on them. ``g2_min_epochs``: G2's minimum training epochs."""
+
+    def __init__(
+        self,
+        slot_id: str,
+        *,
+        strict: bool = False,
+        auto_advance: bool = False,
+        table: SlotTable | None = None,
+        row: int = 0,
+        col: int = 0,
+        g2_min_epochs: int = G2_MIN_TRAINING_EPOCHS,
+    ) -> None:
+        self.slot_id = slot_id
+        self.strict = strict
+        self.auto_advance = auto_advance
+        self.g2_min_epochs = g2_min_epochs
+        table = SlotTable(1, 1) if table is None else table
+        self.life = SeedLifecycle(table, row, col)
+        self.alpha = AlphaController(table=table, row=row, col=col)
+        self.metrics = SeedMetrics(table, row, col)
+        self.emit: Emit = _discard
+
+    def bind(self, table: SlotTable, row: int, col: int) -> None:
+        """Keep this slot's state in another table's cell (copied there first)."""
+        old = self.life
+        for name in COLUMNS:
+            getattr(table, name)[row, col] = getattr(old.table, name)[old.row, old.col]
+        for view in (self.life, self.alpha, self.metrics):
+            view.bind(table, row, col)
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the seed (and its blend gate) while one is installed."""
+        life = self.life
+        return int(life.table.n_params[life.row, life.col])
+
+    @n_params.setter
+    def n_params(self, value: int) -> None:
+        life = self.life
+        life.table.n_params[life.row, life.col] = value
+
+    # --- queries ---------------------------------------------------------------------
+
+    @property
+    def stage(self) -> SeedStage:
+        return self.life.stage
+
+    @property
+    def effective_alpha(self) -> float:
+        return self.alpha.alpha if self.life.stage in BLENDED_STAGES else ALPHA_MIN
+
+    def report(self) -> SlotReport:
+        life = self.life
+        return slot_report(life.table, life.row, life.col, self.slot_id)
+
+    # --- lifecycle operations ----------------------------------------------------------
+
+    def germinate(
+        self,
+        *,
+        seed_id: str,
+        blueprint: str,
+        style: GerminationStyle,
+        tempo: int,
+        alpha_target: float,
+        current_acc: float,
+        n_params: int,
+        initiator: Initiator,
+    ) -> None:
+        """DORMANT -> GERMINATED (G0 already passed; the seed has ``n_params``)."""
+        blend_op = STYLE_BLEND[style]
+        spent = self.life.germinate(
+            seed_id=seed_id,
+            blueprint=blueprint,
+            style=style,
+            blend_op=blend_op,
+            tempo=tempo,
+            planned_target=alpha_target,
+        )
+        self.n_params = n_params
+        self.alpha.reset()
+        self.metrics.start(current_acc)
+        self._emit_stage(SeedStage.DORMANT, spent, initiator)
+        self.emit(
+            SeedGerminated(
+                slot=self.slot_id,
+                seed_id=seed_id,
+                blueprint=blueprint,
+                style=int(style),
+                blend_op=blend_op.value,
+                tempo=tempo,
+                alpha_target=alpha_target,
+                params=n_params,
+                acc_at_germination=current_acc,
+            )
+        )
+
+    def advance(self, initiator: Initiator) -> bool:
+        """GERMINATED->TRAINING (G1), TRAINING->BLENDING (G2), BLENDING->HOLDING (G3)."""
+        stage = self.life.stage
+        if stage == SeedStage.GERMINATED:
+            result = gates.gate_g1(self.life, strict=self.strict)
+        elif stage == SeedStage.TRAINING:
+            result = gates.gate_g2(
+                self.life, self.metrics, strict=self.strict, min_epochs=self.g2_min_epochs
+            )
+        elif stage == SeedStage.BLENDING:
+            result = gates.gate_g3(self.life, self.alpha, strict=self.strict)
+        else:
+            return False
+        self.emit_gate(result)
+        if result.passed:
+            self._move(SeedStage(result.target_stage), initiator)
+        return result.passed
+
+    def set_alpha_target(
+        self, target: float, speed: int, curve: AlphaCurve, initiator: Initiator
+    ) -> bool:
+        """Retarget a BLENDING/HOLDING seed at rest (HOLDING goes back to BLENDING)."""
+        if not ALPHA_MIN <= target <= ALPHA_MAX or speed < 0:
+            raise ValueError(f"alpha target {target} / speed {speed} out of range")
+        life = self.life
+        if life.stage not in (SeedStage.BLENDING, SeedStage.HOLDING) or life.scheduled_prune:
+            return False
+        if not self.alpha.at_rest or target == self.alpha.alpha:
+            return False
+        if life.stage == SeedStage.HOLDING:
+            self._move(SeedStage.BLENDING, initiator)
+        self.alpha.retarget(target, speed, curve)
+        return True
+
+    def prune(
+        self, *, speed: int, curve: AlphaCurve, reason: PruneReason, initiator: Initiator
+    ) -> bool:
+        """Instant (speed 0 or alpha already 0) or scheduled (ramp alpha to 0, then prune)."""
+        life = self.life
+        if not life.live or life.stage == SeedStage.FOSSILIZED or life.scheduled_prune:
+            return False
+        if speed == 0 or self.effective_alpha == ALPHA_MIN:
+            self._prune_now(reason, initiator, scheduled=False)
+            return True
+        if not self.alpha.at_rest:
+            return False
+        if life.stage == SeedStage.HOLDING:
+            self._move(SeedStage.BLENDING, initiator)
+        self.alpha.retarget(ALPHA_MIN, speed, curve)
+        life.scheduled_prune = True
+        life.table.prune_initiator[life.row, life.col] = INITIATOR_CODE[initiator]
+        self._set_trainable(False)
+        return True
+
+    def force_prune(self, reason: PruneReason, initiator: Initiator) -> bool:
+        """Prune a live, non-fossilized seed at once (even mid-ramp); used by rollbacks."""
+        if not self.life.live or self.life.stage == SeedStage.FOSSILIZED:
+            return False
+        self._prune_now(reason, initiator, scheduled=False)
+        return True
+
+    def fossilize(self, initiator: Initiator) -> bool:
+        """HOLDING -> FOSSILIZED through G5."""
+        if not self.life.live:
+            return False
+        result = gates.gate_g5(self.life, self.metrics, strict=self.strict)
+        self.emit_gate(result)
+        if not result.passed:
+            return False
+        self._move(SeedStage.FOSSILIZED, initiator)
+        m = self.metrics
+        self.emit(
+            SeedFossilized(
+                slot=self.slot_id,
+                seed_id=self.life.seed_id,
+                blueprint=self.life.blueprint,
+                contribution=m.contribution,
+                params=self.n_params,
+                age_epochs=self.life.age_epochs,
+            )
+        )
+        return True
+
+    def finish_cooldown(self) -> None:
+        """The cooldown stage changes its counter is due (after the vectorised tick moved
+        it; :func:`esper.model.ticks.tick_slots`), reported one by one."""
+        life = self.life
+        seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
+        for src, dst, spent in life.cooldown_moves():
+            self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
+
+    def complete_scheduled_prune(self) -> None:
+        """A scheduled prune's ramp came to rest at alpha 0: prune now."""
+        life = self.life
+        initiator = INITIATORS[int(life.table.prune_initiator[life.row, life.col])]
+        self._prune_now(PruneReason.SCHEDULED_COMPLETE, initiator, scheduled=True)
+
+    def record_contribution(self, contribution_pp: float) -> None:
+        if self.life.live:
+            self.metrics.record_contribution(contribution_pp)
+
+    def record_gradients(self, seed_norm: float, host_norm: float, n_host: int) -> None:
+        """Take one epoch's gradient norms; only seeds that train are measured."""
+        trains = self.life.stage in BLENDED_STAGES or self.life.stage == SeedStage.TRAINING
+        if trains and not self.life.scheduled_prune:
+            self.metrics.record_gradients(seed_norm, self.n_params, host_norm, n_host)
+
+    # --- hooks for the seed's modules (none here) -----------------------------------------
+
+    def _set_trainable(self, flag: bool) -> None:
+        """Freeze or thaw the seed's parameters (a scheduled prune freezes them)."""
+
+    def _drop_seed(self) -> None:
+        """Remove the seed's modules (a prune)."""
+
+    # --- internals -------------------------------------------------------------------
+
+    def _move(self, dst: SeedStage, initiator: Initiator) -> None:
+        src = self.life.stage
+        spent = self.life.transition(dst)
+        self.metrics.on_stage_start()
+        if dst == SeedStage.BLENDING and src == SeedStage.TRAINING:
+            curve = STYLE_CURVE[self.life.style]
+            self.alpha.retarget(self.life.planned_target, self.life.tempo, curve)
+        elif dst == SeedStage.HOLDING:
+            self.alpha.force(ALPHA_MAX)
+        self._emit_stage(src, spent, initiator)
+
+    def _prune_now(self, reason: PruneReason, initiator: Initiator, *, scheduled: bool) -> None:
+        life = self.life
+        stage_at_prune = life.stage
+        life.scheduled_prune = False
+        self.alpha.force(ALPHA_MIN)
+        self._drop_seed()
+        self._move(SeedStage.PRUNED, initiator)
+        self.emit(
+            SeedPruned(
+                slot=self.slot_id,
+                seed_id=life.seed_id,
+                blueprint=life.blueprint,
+                reason=reason.value,
+                initiator=initiator.value,
+                age_epochs=life.age_epochs,
+                stage_at_prune=stage_at_prune.value,
+                contribution=self.metrics.contribution,
+                scheduled=scheduled,
+            )
+        )
+
+    def _emit_stage(
+        self,
+        src: SeedStage,
+        spent: int,
+        initiator: Initiator,
+        dst: SeedStage | None = None,
+        seed_id: str | None = None,
+        blueprint: str | None = None,
+    ) -> None:
+        self.emit(
+            SeedStageChanged(
+                slot=self.slot_id,
+                seed_id=self.life.seed_id if seed_id is None else seed_id,
+                blueprint=self.life.blueprint if blueprint is None else blueprint,
+                from_stage=src.value,
+                to_stage=(self.life.stage if dst is None else dst).value,
+                epochs_in_prev_stage=spent,
+                alpha=self.effective_alpha,
+                initiator=initiator.value,
+            )
+        )
+
+    def emit_gate(self, result: GateEvaluated, *, seed_id: str | None = None) -> None:
+        """Report a gate check (G0 passes the candidate seed id before the seed exists)."""
+        sid = self.life.seed_id if seed_id is None else seed_id
+        self.emit(msgspec.structs.replace(result, slot=self.slot_id, seed_id=sid))
