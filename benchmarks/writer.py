@@ -5,9 +5,9 @@ Measured: the writer's own CPU per event (its manifest's ``cpu_ns``: conversion,
 merges, manifests and the close), the most part files on disk while the run was written
 (sampled every :data:`SAMPLE_S`), and the close (``hub.close()``: last flush, every type
 merged into one zstd file, fsync, final manifest), in seconds; bytes per event of the
-closed run. The producer (the demo simulator) emits as fast as it can, so the writer
-runs against a full queue: a worst case for its batches, not a training run's pace
-(``telemetry_overhead.py`` measures that).
+closed run. The producer (the demo simulator, which runs the model's real lifecycle
+code) emits as fast as it can: a stress of the writer's batches, not a training run's
+pace (``telemetry_overhead.py`` measures that).
 
     python benchmarks/writer.py                   # 10,000,000 events
     python benchmarks/writer.py --events 1000000
