@@ -19,7 +19,7 @@ from esper.core.enums import AnomalyKind, LifecycleOp, SeedStage, TaskName, Topo
 from esper.core.records import SlotReport
 from esper.data.tasks import TaskSpec
 from esper.model import build_model
-from esper.telemetry.events import PPOMetrics
+from esper.telemetry.events import PpoUpdate
 from esper.training.envs.env_state import make_host_optimizer, make_seed_optimizer
 from esper.training.envs.governor import Governor
 from esper.training.envs.rewards import compute_reward
@@ -100,13 +100,13 @@ def test_governor_statistics_and_penalty_cap_come_from_the_governor_section() ->
     assert early.check(4, 2.3) is not None
 
 
-def _metrics(**kw: float) -> PPOMetrics:
+def _metrics(**kw: float) -> PpoUpdate:
     """A healthy update (one value per field type), with ``kw`` overriding."""
     filler: dict[object, object] = {float: 0.5, int: 1, bool: False, str: ""}
-    fields = {f.name: filler[f.type] for f in msgspec.structs.fields(PPOMetrics)}
+    fields = {f.name: filler[f.type] for f in msgspec.structs.fields(PpoUpdate)}
     fields.update(explained_variance=0.5, approx_kl=0.001, ratio_max=1.1, entropy_op=1.0)
     fields.update(kw)
-    return PPOMetrics(**fields)
+    return PpoUpdate(**fields)
 
 
 def test_anomaly_thresholds_come_from_the_telemetry_section() -> None:

@@ -15,7 +15,7 @@ from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
 from esper.core.records import SlotReport
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
-from esper.telemetry.events import REWARD_COMPONENTS, RewardBreakdown
+from esper.telemetry.events import REWARD_COMPONENTS, RewardComputed
 from esper.telemetry.hub import MemoryHub
 from esper.training.envs.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
 from esper.training.run import train
@@ -29,7 +29,7 @@ def _seed(stage: SeedStage = SeedStage.BLENDING, alpha: float = 1.0, age: int = 
     return SlotReport(slot_id="s0", stage=stage, seed_id="x", alpha=alpha, age_epochs=age)
 
 
-def _components_sum(br: RewardBreakdown) -> float:
+def _components_sum(br: RewardComputed) -> float:
     total = 0.0
     for name in REWARD_COMPONENTS:
         total += getattr(br, name)
@@ -246,7 +246,7 @@ ACC = RewardConfig(family=RewardFamily.ACCURACY)
 HOST = 1_702
 
 
-def _episode(accs: list[float], seeds: list[int], cfg: RewardConfig = ACC) -> list[RewardBreakdown]:
+def _episode(accs: list[float], seeds: list[int], cfg: RewardConfig = ACC) -> list[RewardComputed]:
     """One episode's rewards for the given per-step accuracies and live seed params."""
     out = []
     prev_acc, prev_seeds = math.nan, 0

@@ -164,15 +164,13 @@ class RewardComputed(Event, tag="reward_computed", frozen=True, gc=False, kw_onl
 _REWARD_FIELDS: Final = RewardComputed.__struct_fields__
 #: The reward components, in the reward's order: every field between ``op`` and ``total``.
 REWARD_COMPONENTS: Final = _REWARD_FIELDS[_REWARD_FIELDS.index("op") + 1 : -2]
-#: A step's reward breakdown is the ``reward_computed`` event itself (the recorder adds
-#: the family, op, normalised value and the envelope): one field per component, and
-#: ``total``, always their exact sum. Build it with :func:`make_breakdown`.
-RewardBreakdown = RewardComputed
 _ZERO_REWARD: Final = RewardComputed()
 
 
 def make_breakdown(**components: float) -> RewardComputed:
-    """A breakdown whose total is the sum of the given components (in field order)."""
+    """A step's reward breakdown: the ``reward_computed`` event itself (the recorder adds
+    the family, op, normalised value and the envelope), whose ``total`` is the exact sum
+    of the given components (in field order)."""
     unknown = set(components) - set(REWARD_COMPONENTS)
     if unknown:
         raise ValueError(f"unknown reward component(s): {sorted(unknown)}")
@@ -287,7 +285,7 @@ class EpisodeFinished(Event, tag="episode_finished", frozen=True, gc=False, kw_o
 
 
 class PpoUpdate(Event, tag="ppo_update", frozen=True, gc=False, kw_only=True):
-    """One PPO update; the learner returns it as its metrics (:data:`PPOMetrics`)."""
+    """One PPO update; the learner returns it as its metrics (the recorder sets its round)."""
 
     policy_loss: float
     value_loss: float
@@ -404,8 +402,6 @@ AnyEvent = (
     | LayerGradStats
 )
 
-#: One PPO update's metrics: the ``ppo_update`` event itself (the recorder sets its round).
-PPOMetrics = PpoUpdate
 #: What a model reports of its seeds' lifecycle: the events themselves, without their
 #: round, env and step (the recorder adds them).
 LifecycleEvent = SeedGerminated | SeedStageChanged | GateEvaluated | SeedFossilized | SeedPruned

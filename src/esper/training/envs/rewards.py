@@ -38,7 +38,7 @@ from esper.core.constants import ACC_PERCENT_SCALE, FORWARD_STAGES
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
 from esper.core.records import SlotReport
 from esper.model.slot_table import STAGE_CODE, STAGES, codes
-from esper.telemetry.events import REWARD_COMPONENTS, RewardBreakdown, make_breakdown
+from esper.telemetry.events import REWARD_COMPONENTS, RewardComputed, make_breakdown
 
 NAN = math.nan
 
@@ -400,7 +400,7 @@ def compute_rewards(c: RewardColumns, cfg: RewardConfig, *, gamma: float) -> np.
     return np.stack([*columns, np.broadcast_to(total, (n,))], axis=1)
 
 
-def compute_reward(inputs: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardBreakdown:
+def compute_reward(inputs: RewardInputs, cfg: RewardConfig, *, gamma: float) -> RewardComputed:
     """One env-step's breakdown (:func:`compute_rewards` of one row)."""
     row = compute_rewards(RewardColumns.of(inputs), cfg, gamma=gamma)[0].tolist()
     return make_breakdown(**dict(zip(REWARD_COMPONENTS, row[:-1], strict=True)))

@@ -26,7 +26,7 @@ from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import Policy, PolicyInput
-from esper.telemetry.events import PPOMetrics
+from esper.telemetry.events import PpoUpdate
 from esper.training.learning.buffer import RolloutBuffer
 from esper.training.learning.normalizers import RewardNormalizer, RunningMeanStd, ValueNormalizer
 from esper.training.learning.ppo import PPOUpdater
@@ -233,7 +233,7 @@ class Learner:
             penalty_normalized=self.reward_norm.normalize_scalar(penalty),
         )
 
-    def end_round(self, *, rnd: int, inject_nan: bool = False) -> PPOMetrics | None:
+    def end_round(self, *, rnd: int, inject_nan: bool = False) -> PpoUpdate | None:
         """GAE (the last step is terminal: no bootstrap), PPO update; then the
         once-per-round observation-stat update."""
         metrics = None

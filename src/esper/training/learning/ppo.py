@@ -37,7 +37,7 @@ from esper.core.layout import Layout
 from esper.core.transfer import host_copy
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden
-from esper.telemetry.events import PPOMetrics
+from esper.telemetry.events import PpoUpdate
 from esper.training.learning.buffer import RolloutBuffer
 from esper.training.learning.normalizers import ValueNormalizer
 
@@ -316,7 +316,7 @@ class PPOUpdater:
         round_index: int,
         total_rounds: int,
         loss_hook: Callable[[Tensor], Tensor] | None = None,
-    ) -> PPOMetrics:
+    ) -> PpoUpdate:
         """One PPO update on a buffer whose advantages are computed.
 
         ``loss_hook`` transforms the scalar loss before backward (fault injection and
@@ -443,7 +443,7 @@ class PPOUpdater:
         early: bool,
         skip_reason: str,
         n_transitions: int,
-    ) -> PPOMetrics:
+    ) -> PpoUpdate:
         """The update's diagnostics from the last epoch's packet (METRICS_LAYOUT)."""
         lay = METRICS_LAYOUT
         lay.check(vals)
@@ -452,7 +452,7 @@ class PPOUpdater:
         ent_h, clip_h = lay.get(vals, "entropy_heads"), lay.get(vals, "clip_heads")
         per_head: dict[str, Any] = {f"entropy_{h}": ent_h[i] for i, h in enumerate(HEAD_NAMES)}
         per_head.update({f"clip_frac_{h}": clip_h[i] for i, h in enumerate(HEAD_NAMES)})
-        return PPOMetrics(
+        return PpoUpdate(
             policy_loss=lay.one(vals, "policy_loss"),
             value_loss=lay.one(vals, "value_loss"),
             entropy=lay.one(vals, "entropy"),

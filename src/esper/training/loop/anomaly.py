@@ -13,7 +13,7 @@ import msgspec
 
 from esper.config import TelemetryConfig
 from esper.core.enums import AnomalyKind, TelemetryLevel
-from esper.telemetry.events import PPOMetrics
+from esper.telemetry.events import PpoUpdate
 from esper.telemetry.hub import Hub
 
 
@@ -25,7 +25,7 @@ class Anomaly(msgspec.Struct, frozen=True):
 
 
 def detect_anomalies(
-    m: PPOMetrics, cfg: TelemetryConfig, *, target_kl: float | None
+    m: PpoUpdate, cfg: TelemetryConfig, *, target_kl: float | None
 ) -> list[Anomaly]:
     """The update's anomalies, against the ``telemetry.anomaly_*`` thresholds."""
     found: list[Anomaly] = []

@@ -31,7 +31,7 @@ from esper.telemetry.events import (
     REWARD_COMPONENTS,
     GovernorRollback,
     LifecycleEvent,
-    PPOMetrics,
+    PpoUpdate,
 )
 from esper.telemetry.hub import Hub
 from esper.training.envs.counterfactual import REASONS, Attribution
@@ -194,7 +194,7 @@ class Recorder:
             )
         )
 
-    def ppo_update(self, m: PPOMetrics, *, rnd: int) -> None:
+    def ppo_update(self, m: PpoUpdate, *, rnd: int) -> None:
         self.hub.emit(msgspec.structs.replace(m, round=rnd))  # the metrics are the event
 
     def anomalies(self, found: Sequence[Anomaly], *, rnd: int, escalated: bool) -> None:
