@@ -37,6 +37,7 @@ from esper.telemetry.hub import Hub
 from esper.training.envs.counterfactual import REASONS, Attribution
 from esper.training.envs.env_results import Epoch, PhaseTimes, Records, Summaries, Transitions
 from esper.training.envs.governor import penalized_step
+from esper.training.envs.rewards import ordered_sum
 from esper.training.passes.batch_ops import LAYER_STAT_FIELDS, StepStats
 
 if TYPE_CHECKING:
@@ -88,10 +89,7 @@ def with_rollback_penalty(row: np.ndarray, penalty: float) -> None:
     """Add ``penalty`` to a breakdown row's rollback component, in place; the total stays
     the exact sum of the components (in REWARD_COMPONENTS order, as ``make_breakdown``)."""
     row[_ROLLBACK] += penalty
-    total = 0.0
-    for value in row[:-1].tolist():
-        total += value
-    row[-1] = total
+    row[-1] = ordered_sum(row[:-1].tolist())
 
 
 def lifecycle_event(rec: LifecycleEvent, *, rnd: int, env: int, step: int) -> ev.Event:
