@@ -1,8 +1,11 @@
-"""Shared test configuration: hypothesis profile, torch threads, ``browser`` markers."""
+"""Shared test configuration: hypothesis profile, torch threads, ``browser`` and
+``namespaces`` markers."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,13 +25,32 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``browser`` tests without Chromium, except under CI where they must run."""
-    if CHROMIUM.exists() or os.environ.get("CI"):
-        return
-    skip = pytest.mark.skip(reason=f"needs headless Chromium at {CHROMIUM}")
+    """Skip ``browser`` tests without Chromium, except under CI where they must run, and
+    ``namespaces`` tests where unprivileged namespaces are not available."""
+    skips: dict[str, pytest.MarkDecorator] = {}
+    if not (CHROMIUM.exists() or os.environ.get("CI")):
+        skips["browser"] = pytest.mark.skip(reason=f"needs headless Chromium at {CHROMIUM}")
+    if any(item.get_closest_marker("namespaces") for item in items) and not _namespaces_available():
+        skips["namespaces"] = pytest.mark.skip(
+            reason="needs unprivileged user and mount namespaces (unshare -rm), not available here"
+        )
     for item in items:
-        if "browser" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
+
+
+def _namespaces_available() -> bool:
+    """Whether ``unshare --user --map-root-user --mount`` works (a private tmpfs can be
+    mounted: how the disk-full tests get a real ENOSPC)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"],
+        capture_output=True,
+        check=False,
+    )
+    return probe.returncode == 0
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,21 +42,7 @@ PAGE = 4096
 ROOM_IN_CHECKPOINTS = 1.5
 
 
-def _namespaces_available() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "true"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(
-    not _namespaces_available(),
-    reason="needs unprivileged user and mount namespaces (unshare -rm), not available here",
-)
+@pytest.mark.namespaces
 def test_disk_full_while_saving_the_checkpoint(tmp_path: Path) -> None:
     config = write_small_config(tmp_path)
     # The size of one checkpoint of this configuration, measured.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,21 +66,7 @@ except OSError as exc:
 """
 
 
-def _namespaces_available() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "true"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(
-    not _namespaces_available(),
-    reason="needs unprivileged user and mount namespaces (unshare -rm), not available here",
-)
+@pytest.mark.namespaces
 def test_a_full_disk_is_an_error_not_a_short_part(tmp_path: Path) -> None:
     """A real ENOSPC: a tmpfs with 4 KiB free, in a private user + mount namespace."""
     disk = tmp_path / "disk"
