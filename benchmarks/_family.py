@@ -382,9 +382,25 @@ def chosen_rules(cfg: Config) -> dict[str, Any]:
     return table
 
 
+def frozen_config(base: Config, overrides: dict[str, Any]) -> Config:
+    """Where a variant's final policy is evaluated: the base family's envs, rounds and
+    reward (those of the stored rules table, so every variant pairs with the same rule
+    episodes), with the variant's own ``policy.*`` settings (masks and menus act there)."""
+    return with_overrides(base, {k: v for k, v in overrides.items() if k.startswith("policy.")})
+
+
 def stage(
-    name: str, seed: int, cfg: Config, holdout: Config, data: TaskData, variant: str = "ppo"
+    name: str,
+    seed: int,
+    cfg: Config,
+    holdout: Config,
+    data: TaskData,
+    variant: str = "ppo",
+    frozen: Config | None = None,
 ) -> None:
+    """One stage for one seed; ``frozen``: where the final policy is evaluated (default
+    ``cfg``)."""
+    frozen = frozen or cfg
     if name == "rules":
         play = lambda rule, window: run_rule(cfg, rule, seed, window, data)  # noqa: E731
         _add_runs("rules", seed, [STATIC, *all_rules(cfg)], table_window(cfg), play)
@@ -394,7 +410,8 @@ def stage(
             part = {"runs": {"ppo": [run_ppo(cfg, seed, data, variant)]}, "variant": variant}
             save_part(variant, seed, part)
         if "frozen" not in part["runs"]:
-            part["runs"]["frozen"] = [run_frozen(cfg, seed, data, variant, table_window(cfg))]
+            window = table_window(frozen)
+            part["runs"]["frozen"] = [run_frozen(frozen, seed, data, variant, window)]
             save_part(variant, seed, part)
     elif name == "pair":
         rt = chosen_rules(cfg)
@@ -406,7 +423,8 @@ def stage(
         heavy = [rule_name("conv_heavy", s) for s in holdout.host.slots]
         names = [STATIC, rt["best_fixed"], *sorted(set(rt["best_per_member"].values())), *heavy]
         window = range(0, TRANSFER_ROUNDS if cfg.run.rounds > TRANSFER_ROUNDS else 1)
-        held = with_overrides(holdout, {"run.rounds": window.stop})
+        policy_settings = load_part(variant, seed).get("overrides", {})
+        held = frozen_config(with_overrides(holdout, {"run.rounds": window.stop}), policy_settings)
 
         def play(rule: str, w: range) -> dict[str, Any]:
             if rule == variant:  # a PPO variant's final policy, frozen
@@ -423,10 +441,12 @@ def _ppo_block(
     rules: dict[int, dict[str, Any]],
     rt: dict[str, Any],
     cfg: Config,
+    window: range,
 ) -> dict[str, Any]:
-    """One PPO variant: its training's last third and its final policy frozen on the
-    table's rounds, each minus the best fixed rule, the per-host oracle and static."""
-    last, window = last_third(cfg.run.rounds), table_window(cfg)
+    """One PPO variant (``cfg``: its own settings): its training's last third and its
+    final policy frozen on the table's rounds ``window``, each minus the best fixed rule,
+    the per-host oracle and static (training rounds without rule episodes pair with none)."""
+    last = last_third(cfg.run.rounds)
     seeds = sorted(s for s in part_by_seed if s in rules)
     others = {
         "best_fixed": {s: episodes_of(rules[s], rt["best_fixed"]) for s in seeds},
@@ -544,8 +564,9 @@ def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
         "ppo": {},
     }
     for variant in variants():
-        block = _ppo_block(stored(variant), rules, rt, cfg)
-        block["overrides"] = next(iter(stored(variant).values())).get("overrides", {})
+        overrides = next(iter(stored(variant).values())).get("overrides", {})
+        block = _ppo_block(stored(variant), rules, rt, with_overrides(cfg, overrides), window)
+        block["overrides"] = overrides
         result["ppo"][variant] = block
         for key, what in (("ppo", "training, last third"), ("frozen", "final policy frozen")):
             if key in block:
@@ -592,10 +613,11 @@ def main_family(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
         raise SystemExit("--variant: only with --family ppo or transfer")
     if overrides and not args.variant:
         raise SystemExit("--set: name the variant (--variant NAME): its results are its own")
+    frozen = frozen_config(cfg, overrides)
     cfg = with_overrides(cfg, overrides)
     data = load_task(cfg.task, seed=0)
     for seed in args.seeds or ([0] if args.quick else list(SEEDS)):
-        stage(args.family, seed, cfg, holdout, data, variant)
+        stage(args.family, seed, cfg, holdout, data, variant, frozen)
         if overrides:
             part = load_part(variant, seed)
             part["overrides"] = overrides
