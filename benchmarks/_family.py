@@ -49,6 +49,10 @@ HOLDOUT_CONFIG = REPO_ROOT / "configs" / "learning_family_holdout.toml"
 PARTS_DIR = RESULTS_DIR / "learning_family"
 CHECKPOINTS = CACHE_DIR / "learning_family"
 STATIC = "static"
+#: The final policy frozen on the table's rounds: greedy, and sampled (``--sample``).
+FROZEN, FROZEN_SAMPLE = "frozen", "frozen_sample"
+#: A variant's sampled frozen policy in the transfer stage: ``<variant><SAMPLED>``.
+SAMPLED = ":sample"
 SEEDS = (0, 1, 2, 3, 4)
 #: Rounds of the rules table, from the start of PPO's last third.
 TABLE_ROUNDS = 4
@@ -152,16 +156,17 @@ def run_ppo(cfg: Config, seed: int, data: TaskData, variant: str) -> dict[str, A
 
 
 def run_frozen(
-    cfg: Config, seed: int, data: TaskData, variant: str, window: range
+    cfg: Config, seed: int, data: TaskData, variant: str, window: range, sample: bool = False
 ) -> dict[str, Any]:
-    """The trained policy, frozen, on rounds ``window`` of ``cfg``'s hosts."""
+    """The trained policy, frozen, on rounds ``window`` of ``cfg``'s hosts (``sample``:
+    ``esper evaluate --sample``, actions drawn as in training)."""
     run_cfg = with_overrides(
         cfg, {"run.seed": seed, "run.rounds": window.stop, "telemetry.level": "lifecycle"}
     )
     hub = MemoryHub(run_id=f"{variant}-eval-s{seed}", level=TelemetryLevel.LIFECYCLE)
     t0 = time.perf_counter()
     path = checkpoint_path(seed, variant)
-    evaluate(run_cfg, path, telemetry=hub, data=data, first_round=window.start)
+    evaluate(run_cfg, path, telemetry=hub, data=data, first_round=window.start, sample=sample)
     return {"episodes": _episodes(hub), "wall_s": time.perf_counter() - t0}
 
 
@@ -409,10 +414,11 @@ def stage(
         if "ppo" not in part["runs"] or not checkpoint_path(seed, variant).is_file():
             part = {"runs": {"ppo": [run_ppo(cfg, seed, data, variant)]}, "variant": variant}
             save_part(variant, seed, part)
-        if "frozen" not in part["runs"]:
-            window = table_window(frozen)
-            part["runs"]["frozen"] = [run_frozen(frozen, seed, data, variant, window)]
-            save_part(variant, seed, part)
+        for key, sample in ((FROZEN, False), (FROZEN_SAMPLE, True)):
+            if key not in part["runs"]:
+                window = table_window(frozen)
+                part["runs"][key] = [run_frozen(frozen, seed, data, variant, window, sample)]
+                save_part(variant, seed, part)
     elif name == "pair":
         rt = chosen_rules(cfg)
         names = [STATIC, rt["best_fixed"], *sorted(set(rt["best_per_member"].values()))]
@@ -427,11 +433,12 @@ def stage(
         held = frozen_config(with_overrides(holdout, {"run.rounds": window.stop}), policy_settings)
 
         def play(rule: str, w: range) -> dict[str, Any]:
-            if rule == variant:  # a PPO variant's final policy, frozen
-                return run_frozen(held, seed, data, variant, w)
+            if rule in (variant, variant + SAMPLED):  # a PPO variant's final policy, frozen
+                return run_frozen(held, seed, data, variant, w, sample=rule != variant)
             return run_rule(held, rule, seed, w, data)
 
-        _add_runs("transfer", seed, dict.fromkeys([variant, *names]), window, play)
+        policies = [variant, variant + SAMPLED]
+        _add_runs("transfer", seed, dict.fromkeys([*policies, *names]), window, play)
     else:
         raise SystemExit(f"--family {name}: unknown stage")
 
@@ -454,7 +461,7 @@ def _ppo_block(
         "static": {s: episodes_of(rules[s], STATIC) for s in seeds},
     }
     out: dict[str, Any] = {"seeds": seeds, "last_third": [last.start, last.stop - 1]}
-    for key, rounds in (("ppo", last), ("frozen", window)):
+    for key, rounds in (("ppo", last), (FROZEN, window), (FROZEN_SAMPLE, window)):
         ours = {s: episodes_of(part_by_seed[s], key) for s in seeds}
         if not any(ours.values()):
             continue
@@ -513,7 +520,9 @@ def _transfer_block(transfer: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Each frozen PPO variant on the held-out members minus each rule there (``ppo``'s
     at the top level, the others under ``variants``), and every policy's gains."""
     played = {n for p in transfer.values() for n in p["runs"]}
-    policies = sorted((n for n in played if n.startswith("ppo")), key=lambda n: (n != "ppo", n))
+    policies = sorted(
+        (n for n in played if n.startswith("ppo")), key=lambda n: (n.split(SAMPLED)[0] != "ppo", n)
+    )
     names = sorted(played - set(policies))
     everything = range(10**6)
 
@@ -568,7 +577,11 @@ def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
         block = _ppo_block(stored(variant), rules, rt, with_overrides(cfg, overrides), window)
         block["overrides"] = overrides
         result["ppo"][variant] = block
-        for key, what in (("ppo", "training, last third"), ("frozen", "final policy frozen")):
+        for key, what in (
+            ("ppo", "training, last third"),
+            (FROZEN, "final policy frozen"),
+            (FROZEN_SAMPLE, "final policy frozen, sampled"),
+        ):
             if key in block:
                 rounds = block["last_third"] if key == "ppo" else result["table_rounds"]
                 _print_minus(

@@ -58,6 +58,8 @@ class RunInfo:
     parent_run_id: str | None
     resumed_from_round: int | None
     eval_checkpoint: str | None
+    #: ``esper evaluate --sample``: sampled rather than greedy actions.
+    eval_sampled: bool
 
     @property
     def envs(self) -> int | None:
@@ -72,7 +74,9 @@ class RunInfo:
         """The policy kind; an ``esper evaluate`` run is marked (frozen, no updates)."""
         if self.policy is None:
             return None
-        return f"{self.policy} (eval)" if self.is_eval else self.policy
+        if not self.is_eval:
+            return self.policy
+        return f"{self.policy} (eval, sampled)" if self.eval_sampled else f"{self.policy} (eval)"
 
     @property
     def learns(self) -> bool:
@@ -150,6 +154,7 @@ def run_info(run: Run) -> RunInfo:
         ),
         resumed_from_round=get("resumed_from_round"),
         eval_checkpoint=get("eval_checkpoint"),
+        eval_sampled=bool(get("eval_sampled")),
     )
 
 

@@ -33,7 +33,9 @@ def _config() -> Config:
     return with_overrides(cfg, {"run.seed": 7, "run.n_envs": ENVS, "run.rounds": ROUNDS})
 
 
-def _emit_run(root: Path, run_id: str, *, policy: str, eval_checkpoint: str = "") -> Path:
+def _emit_run(
+    root: Path, run_id: str, *, policy: str, eval_checkpoint: str = "", eval_sampled: bool = False
+) -> Path:
     """``ROUNDS`` rounds; in every round env 0 grows a seed in r0c0 alive to the end."""
     hub = open_run(root, run_id, level=TelemetryLevel.NORMAL, flush_interval_s=0.05)
     hub.emit(
@@ -43,6 +45,7 @@ def _emit_run(root: Path, run_id: str, *, policy: str, eval_checkpoint: str = ""
             argv=json.dumps(ARGV),
             policy_kind=policy,
             eval_checkpoint=eval_checkpoint,
+            eval_sampled=eval_sampled,
             n_envs=ENVS,
             rounds=ROUNDS,
             episode_length=LENGTH,
@@ -125,6 +128,9 @@ def test_sections_that_cannot_apply_say_why(static_run: Path, tmp_path: Path) ->
     text = build_report(load_run(frozen))
     assert "Not applicable: an evaluation of a frozen policy makes no PPO updates" in text
     assert "ppo (eval), frozen from runs/a/checkpoint.pt" in text
+    sampled = _emit_run(tmp_path, "eval-sample-s7", policy="ppo", eval_checkpoint="c.pt",
+                        eval_sampled=True)  # fmt: skip
+    assert "ppo (eval, sampled), frozen from c.pt" in build_report(load_run(sampled))
 
 
 def test_a_flat_reward_looks_flat_and_says_how_little_it_varies(static_run: Path) -> None:

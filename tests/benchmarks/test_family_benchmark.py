@@ -42,22 +42,28 @@ def test_every_family_stage_runs_and_the_summary_pairs_them(tmp_path: Path) -> N
     assert set(rules["table"]) == {"conv_heavy@r0c0", "conv_heavy@r0c1", "conv_heavy@r0c2"}
     assert rules["best_fixed"] in [*rules["table"], "static"]
     main = data["ppo"]["ppo"]
-    for key in ("ppo", "frozen"):
+    for key in ("ppo", "frozen", "frozen_sample"):
         for other in ("best_fixed", "oracle", "static"):
             assert math.isfinite(main[key]["minus"][other]["acc"]["mean"])
     assert set(data["transfer"]["choices"]) == {"w4-8-16", "w12-4-48"}
     refused = _stage(tmp_path, "rules", "--set", "ppo.lr=0.001")
     assert refused.returncode != 0 and "only with --family ppo" in refused.stderr
-    # a variant: trained apart, transferred apart, its own tables in the summary
+    # a variant: trained apart, transferred apart, its own tables in the summary; with
+    # other envs and rounds, its final policy still plays the rules table's episodes
+    variant_settings = {"ppo.lr": 0.001, "run.n_envs": 4, "run.rounds": 4}
     for argv in (
-        ("ppo", "--variant", "v", "--set", "ppo.lr=0.001"),
+        ("ppo", "--variant", "v", *(f"--set={k}={v}" for k, v in variant_settings.items())),
         ("transfer", "--variant", "v"),
     ):
         proc = _stage(tmp_path, *argv)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _stage(tmp_path, "summary").returncode == 0
     data = json.loads((tmp_path / "learning_family_quick.json").read_text())
-    assert data["ppo"]["ppo-v"]["overrides"] == {"ppo.lr": 0.001}
-    variant = data["transfer"]["variants"]["ppo-v"]
-    assert math.isfinite(variant["minus"]["static"]["acc"]["mean"])
-    assert set(variant["choices"]) == {"w4-8-16", "w12-4-48"}
+    block = data["ppo"]["ppo-v"]
+    assert block["overrides"] == variant_settings and len(block["per_round"]["acc"]) == 4
+    for key in ("frozen", "frozen_sample"):
+        assert math.isfinite(block[key]["minus"]["best_fixed"]["acc"]["mean"])
+    for name in ("ppo-v", "ppo-v:sample"):
+        variant = data["transfer"]["variants"][name]
+        assert math.isfinite(variant["minus"]["static"]["acc"]["mean"])
+        assert set(variant["choices"]) == {"w4-8-16", "w12-4-48"}

@@ -1,4 +1,4 @@
-"""``esper evaluate``: a trained policy, frozen (deterministic actions, no updates), on
+"""``esper evaluate``: a trained policy, frozen (deterministic or sampled actions, no updates), on
 the hosts a config names, through the same loop and telemetry; and ``train(first_round=)``,
 which lets a benchmark play a rule-based policy's later rounds alone."""
 
@@ -43,9 +43,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "ppo" / "checkpoint.pt"
 
 
-def _events(cfg: Config, checkpoint: Path) -> list[ev.Event]:
+def _events(cfg: Config, checkpoint: Path, *, sample: bool = False) -> list[ev.Event]:
     hub = MemoryHub(run_id="eval")
-    evaluate(cfg, checkpoint, telemetry=hub)
+    evaluate(cfg, checkpoint, telemetry=hub, sample=sample)
     return list(hub.events)
 
 
@@ -63,7 +63,7 @@ def test_evaluation_is_deterministic_updates_nothing_and_says_what_it_evaluated(
     assert not any(isinstance(e, ev.PpoUpdate) for e in first)  # no updates
     started = next(e for e in first if isinstance(e, ev.RunStarted))
     assert started.eval_checkpoint == str(trained) and started.parent_run_id == "ppo"
-    assert started.policy_kind == "ppo"
+    assert started.policy_kind == "ppo" and not started.eval_sampled
     hosts = {e.host for e in first if isinstance(e, ev.EpisodeFinished)}
     assert hosts == {"held"}
     after = read_checkpoint(trained)["learner"]  # the checkpoint is only read
@@ -71,26 +71,39 @@ def test_evaluation_is_deterministic_updates_nothing_and_says_what_it_evaluated(
         assert torch.equal(value, after["policy"][key])
 
 
+def test_a_sampled_evaluation_is_seeded_and_updates_nothing(trained: Path, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, **{"family.members": HELD_OUT, "run.rounds": 2})
+    sampled = _events(cfg, trained, sample=True)
+    assert _actions(sampled) == _actions(_events(cfg, trained, sample=True))  # seeded
+    assert not any(isinstance(e, ev.PpoUpdate) for e in sampled)
+    started = next(e for e in sampled if isinstance(e, ev.RunStarted))
+    assert started.eval_sampled and started.eval_checkpoint == str(trained)
+
+
 def test_a_frozen_learner_takes_the_most_likely_op(tmp_path: Path) -> None:
-    """Frozen: every env's op is the argmax of its masked op distribution (sampling would
-    pick others: a near-uniform untrained policy over 8 envs and 6 steps)."""
+    """Frozen: every env's op is the argmax of its masked op distribution; frozen with
+    ``sample`` (as in training) it draws others: a near-uniform untrained policy over 8
+    envs and 3 steps, with the same draws for the same seed."""
     cfg = _config(tmp_path, **{"run.n_envs": 8, "policy.op_prior": {}})
     data = load_task(cfg.task, seed=0)
     space = action_space_for(cfg, data)
     envs = HostEnvs(cfg, data, space=space, policy_device=torch.device("cpu"),
                     amp=cfg.run.amp, initiator=Initiator.POLICY)  # fmt: skip
     envs.reset(0)
-    greedy = {}
-    for frozen in (True, False):
-        learner = Learner(cfg, space, build_policy(cfg, space), frozen=frozen)
+    greedy, ops = {}, {}
+    for frozen, sample in ((True, False), (False, False), (True, True)):
+        torch.manual_seed(0)  # the same policy weights each time
+        learner = Learner(cfg, space, build_policy(cfg, space), frozen=frozen, sample=sample)
         hidden = learner.begin_round(cfg.run.n_envs)
-        picks = []
+        picks, taken = [], []
         for step in range(3):
             d = learner.decide(envs.observe(step), hidden)
             picks += (d.heads[:, 0] == d.op_probs.argmax(axis=1)).tolist()
-        greedy[frozen] = picks
-    assert all(greedy[True])
-    assert not all(greedy[False])
+            taken += d.heads[:, 0].tolist()
+        greedy[frozen, sample], ops[frozen, sample] = picks, taken
+    assert all(greedy[True, False])
+    assert not all(greedy[False, False]) and not all(greedy[True, True])
+    assert ops[True, True] == ops[False, False]  # sampling frozen draws as training does
 
 
 def test_the_cli_evaluates_a_checkpoint_and_compare_pairs_it(trained: Path, tmp_path: Path) -> None:
@@ -101,10 +114,11 @@ def test_the_cli_evaluates_a_checkpoint_and_compare_pairs_it(trained: Path, tmp_
         '[[family.members]]\nname = "held"\nblock_channels = [4, 8, 16]\n'
     )
     common = ["--telemetry-dir", str(tmp_path), "--no-progress", "--rounds", "1"]
-    assert (
-        esper_main(["evaluate", str(trained), "--config", str(config), "--run-id", "ev", *common])
-        == 0
-    )
+    for run_id, flags in (("ev", []), ("ev-sample", ["--sample"])):
+        evaluation = ["evaluate", str(trained), "--config", str(config), "--run-id", run_id]
+        assert esper_main([*evaluation, *flags, *common]) == 0
+    sampled = load_run(tmp_path / "ev-sample").scan("run_started").collect().row(0, named=True)
+    assert sampled["eval_sampled"] and sampled["eval_checkpoint"] == str(trained)
     assert (
         esper_main(
             ["train", "--policy", "static", "--config", str(config), "--run-id", "st", *common]
@@ -113,7 +127,7 @@ def test_the_cli_evaluates_a_checkpoint_and_compare_pairs_it(trained: Path, tmp_
     )
     run = load_run(tmp_path / "ev")
     started = run.scan("run_started").collect().row(0, named=True)
-    assert started["eval_checkpoint"] == str(trained)
+    assert started["eval_checkpoint"] == str(trained) and not started["eval_sampled"]
     assert run.rows_on_disk("ppo_update") == 0 and not (tmp_path / "ev" / "checkpoint.pt").exists()
     assert esper_main(["analyze", "compare", str(tmp_path / "ev"), str(tmp_path / "st")]) == 0
 

@@ -1,7 +1,7 @@
 """``esper evaluate CHECKPOINT``: a trained policy, frozen, on the hosts a config names.
 
-Deterministic actions and no updates; the same loop, telemetry and analysis as a
-training run. Torch is imported only inside ``run``.
+Deterministic (or, with ``--sample``, sampled) actions and no updates; the same loop,
+telemetry and analysis as a training run. Torch is imported only inside ``run``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import argparse
 from esper.commands.train import add_set_flag, build_config
 from esper.errors import UserError
 
-HELP = "evaluate a trained policy, frozen (deterministic actions, no updates), with telemetry"
+HELP = (
+    "evaluate a trained policy, frozen (deterministic or, with --sample, sampled actions; "
+    "no updates), with telemetry"
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +43,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--telemetry-level", choices=["off", "lifecycle", "normal", "debug"], help="events written"
     )
     parser.add_argument("--device", help="cpu | cuda | cuda:K")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="draw each action from the policy (seeded by --seed) instead of its most likely "
+        "valid one: how the policy behaved in training",
+    )
     add_set_flag(parser)
     parser.add_argument(
         "--report",

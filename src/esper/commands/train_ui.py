@@ -145,7 +145,7 @@ def run_evaluation(cfg: Config, args: argparse.Namespace) -> int:
     view = _ProgressView(cfg, console, enabled=not args.no_progress and sys.stderr.isatty())
     try:
         with view.progress, _sigterm_as_interrupt():
-            result = evaluate(cfg, args.checkpoint, progress=view)
+            result = evaluate(cfg, args.checkpoint, progress=view, sample=args.sample)
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         console.print(f"{what}: telemetry flushed", markup=False)

@@ -64,6 +64,9 @@ class RunStarted(Event, tag="run_started", frozen=True, gc=False, kw_only=True):
     #: ``esper evaluate``: the checkpoint whose frozen policy the run evaluates (deterministic
     #: actions, no updates); "" for a training run.
     eval_checkpoint: str = ""
+    #: ``esper evaluate --sample``: the frozen policy's actions were sampled (seeded by the
+    #: run seed) rather than its most likely valid ones.
+    eval_sampled: bool = False
     #: The command line of the process that started this session (``sys.argv`` as a JSON
     #: list); "" where it was not recorded (written before it was added).
     argv: str = ""

@@ -105,14 +105,17 @@ class Learner:
         *,
         collective: Collective | None = None,
         frozen: bool = False,
+        sample: bool = False,
     ) -> None:
         self.cfg = cfg
         self.space = space
         self.policy = policy
         self.device = torch.device(cfg.run.device)
         self.resolved_amp = resolve_amp(cfg, self.device)
-        #: Evaluation: the most likely valid action, nothing updated.
+        #: Evaluation: nothing updated; the most likely valid action, or with ``sample`` one
+        #: drawn from the policy (seeded by the run seed, as in training).
         self.frozen = frozen
+        self.deterministic = frozen and not sample
         self.learning = cfg.policy.kind == PolicyKind.PPO and not frozen
         dim = obs_dim(space.n_slots, host_features=cfg.observes_host)
         self.obs_norm = RunningMeanStd((dim,), device=self.device)
@@ -163,7 +166,9 @@ class Learner:
             reports=o.reports,
             trackers=o.trackers,
         )
-        out = self.policy.act(inp, hidden, generator=self.generator, deterministic=self.frozen)
+        out = self.policy.act(
+            inp, hidden, generator=self.generator, deterministic=self.deterministic
+        )
         parts = {  # DECISION_ROW's fields, in its order
             "actions": out.actions.float(),
             "log_prob": out.log_probs.sum(dim=1, keepdim=True),

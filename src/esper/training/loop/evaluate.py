@@ -1,7 +1,8 @@
 """``esper evaluate``: a trained policy, frozen, on hosts of the caller's choosing.
 
-The checkpoint's policy acts deterministically (its most likely valid action) and
-nothing is updated: no PPO step, no normaliser statistics. The run goes through the
+The checkpoint's policy acts deterministically (its most likely valid action), or with
+``sample`` draws its actions as in training (seeded by the run seed), and nothing is
+updated: no PPO step, no normaliser statistics. The run goes through the
 training loop and telemetry unchanged, so it is a run like any other (``esper runs``,
 ``esper analyze``, the report), paired env by env with any other run of the same seed
 and config by ``esper analyze compare``. ``run_started.eval_checkpoint`` names the
@@ -49,9 +50,11 @@ def evaluate(
     data: TaskData | None = None,
     progress: ProgressFn | None = None,
     first_round: int = 0,
+    sample: bool = False,
 ) -> TrainResult:
     """Run ``config.run.rounds`` rounds with the checkpoint's policy frozen (from round
-    ``first_round``: the hosts of those rounds, e.g. those a rules table measured)."""
+    ``first_round``: the hosts of those rounds, e.g. those a rules table measured);
+    ``sample``: sampled rather than greedy actions."""
     if not 0 <= first_round < config.run.rounds:
         raise UserError(
             f"first_round {first_round}: must be below run.rounds ({config.run.rounds})"
@@ -61,7 +64,7 @@ def evaluate(
     trained = _trained_config(state, path)
     cfg = resolve_device(_evaluation_config(config, trained, path))
     configure_torch(cfg)
-    run_id = validate_run_id(cfg.run.run_id or _default_eval_id(cfg, trained))
+    run_id = validate_run_id(cfg.run.run_id or _default_eval_id(cfg, trained, sample))
     cfg = with_overrides(cfg, {"run.run_id": run_id})
     if telemetry is None:
         check_telemetry_dir(cfg, run_id, rank=0, checkpoint=path)
@@ -69,7 +72,7 @@ def evaluate(
     check_envs_fit(cfg, data)
     space = action_space_for(cfg, data)
     _check_same_actions(space, action_space_for(trained, data), path)
-    learner = Learner(cfg, space, build_policy(cfg, space), frozen=True)
+    learner = Learner(cfg, space, build_policy(cfg, space), frozen=True, sample=sample)
     learner_state = state.get("learner")
     try:
         if not isinstance(learner_state, dict):
@@ -87,7 +90,9 @@ def evaluate(
         trainer = VectorizedTrainer(
             cfg, recorder=recorder, task=data, learner=learner, progress=progress
         )
-        recorder.run_started(cfg, learner, parent, first_round, eval_checkpoint=str(path))
+        recorder.run_started(
+            cfg, learner, parent, first_round, eval_checkpoint=str(path), eval_sampled=sample
+        )
     except BaseException as exc:
         hub.close(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
         raise
@@ -143,7 +148,8 @@ def _check_same_actions(space: ActionSpace, trained: ActionSpace, path: Path) ->
         )
 
 
-def _default_eval_id(cfg: Config, trained: Config) -> str:
+def _default_eval_id(cfg: Config, trained: Config, sample: bool) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     source = trained.run.run_id or cfg.task.name.value
-    return f"{source}-eval-s{cfg.run.seed}-{stamp}"[:128]
+    what = "eval-sample" if sample else "eval"
+    return f"{source}-{what}-s{cfg.run.seed}-{stamp}"[:128]

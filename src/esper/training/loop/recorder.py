@@ -120,6 +120,7 @@ class Recorder:
         start_round: int,
         *,
         eval_checkpoint: str = "",
+        eval_sampled: bool = False,
     ) -> None:
         resolved = with_overrides(cfg, {"run.amp": learner.resolved_amp.value})
         env_devices = [str(d) for d in (cfg.run.env_devices or [cfg.run.device])]
@@ -147,6 +148,7 @@ class Recorder:
                 telemetry_level=TelemetryLevel(cfg.telemetry.level_enum).name.lower(),
                 deterministic=learner.device.type == "cpu",
                 eval_checkpoint=eval_checkpoint,
+                eval_sampled=eval_sampled,
                 argv=msgspec.json.encode(sys.argv).decode(),
             )
         )
