@@ -68,6 +68,8 @@ QUICK: dict[str, Any] = {
     "policy.lstm_hidden": 16,
 }
 PARAMS_PER_K = 1000.0
+#: ``--config defaults``: no preset, the built-in defaults (``esper train`` with no config).
+DEFAULTS = "defaults"
 #: Override keys that change only what PPO does (the other policies ignore them).
 PPO_ONLY_KEYS = (
     "ppo.",
@@ -282,9 +284,20 @@ def _print(summary: dict[str, Any], policies: list[str]) -> None:
         )
 
 
+def preset(path: str | Path) -> Config:
+    """The config a run of this benchmark starts from (``--config``)."""
+    return Config() if str(path) == DEFAULTS else load_config(path)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"a preset (default {DEFAULT_CONFIG.relative_to(REPO_ROOT)}); '{DEFAULTS}': the "
+        "built-in defaults, what esper train runs with no --config",
+    )
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument(
         "--policies",
@@ -400,7 +413,7 @@ def _merge_key(part: dict[str, Any], rounds: int | None) -> str:
     overrides = {k: v for k, v in part["overrides"].items() if not _ppo_only(k)}
     if rounds is not None and part["rounds"] < rounds:
         raise SystemExit(f"--rounds {rounds}: a results file has only {part['rounds']} rounds")
-    resolved = msgspec.to_builtins(with_overrides(load_config(part["config"]), overrides))
+    resolved = msgspec.to_builtins(with_overrides(preset(part["config"]), overrides))
     resolved.pop("ppo")
     for key in PPO_ONLY_KEYS:
         section, _, name = key.partition(".")
@@ -455,7 +468,7 @@ def _merge(args: argparse.Namespace) -> int:
     overrides.update(_ppo_overrides(parts))
     if args.rounds is not None:
         overrides["run.rounds"] = args.rounds
-    cfg = with_overrides(load_config(first["config"]), overrides)
+    cfg = with_overrides(preset(first["config"]), overrides)
     payload = _payload(args, cfg, overrides, runs, wall)
     payload["config"], payload["quick"] = first["config"], first.get("quick", False)
     payload["wall_minutes_note"] = "sum of the merged parts' wall times (they may have overlapped)"
@@ -478,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_family(args, _overrides(args.set))
     if args.merge:
         return _merge(args)
-    cfg = load_config(args.config)
+    cfg = preset(args.config)
     overrides = dict(QUICK) if args.quick else {}
     overrides.update(_overrides(args.set))
     cfg = with_overrides(cfg, overrides)
