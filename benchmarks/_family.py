@@ -7,12 +7,14 @@ stages that each write their results as they go (a stage run again skips what is
   and alpha target) and the static host over a window of rounds (default the first
   rounds of PPO's last third);
 * ``ppo``: PPO trained for ``run.rounds`` rounds; its checkpoint is kept for transfer;
+  its final policy frozen, greedy and sampled, on the table's rounds;
 * ``pair``: the best fixed rule (highest mean gain over the family), each member's best
   rule (the per-host oracle) and the static host over the rest of PPO's last third;
 * ``transfer``: the frozen PPO policy (``esper evaluate``: deterministic, no updates;
   ``--variant NAME``: that variant's) on the held-out members
   (``configs/learning_family_holdout.toml``) against the best fixed rule of the
   training family, each held-out member's best rule and the static host;
+* ``descriptors``: which host descriptors the final policy uses (``_descriptors.py``);
 * ``summary``: the tables, ``benchmarks/results/learning_family.json``.
 
 Every run is ``esper train --policy ...`` or ``esper evaluate`` through the Python API:
@@ -33,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import _descriptors
 from _common import CACHE_DIR, REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
 
 from esper.config import Config, load_config, with_overrides
@@ -439,6 +442,13 @@ def stage(
 
         policies = [variant, variant + SAMPLED]
         _add_runs("transfer", seed, dict.fromkeys([*policies, *names]), window, play)
+    elif name == "descriptors":
+        path = checkpoint_path(seed, variant)
+        if not path.is_file():
+            raise SystemExit(f"--family descriptors: no checkpoint {path} (run --family ppo)")
+        probe = _descriptors.probe_seed(frozen, path, data, table_window(frozen))
+        part = {"seed": seed, "variant": variant, "probe": probe, "machine": machine_info()}
+        write_results(PARTS_DIR, _descriptors.part_name(variant, seed), part)
     else:
         raise SystemExit(f"--family {name}: unknown stage")
 
@@ -490,6 +500,10 @@ def _ppo_block(
     out["updates_last_third"] = {
         k: mean_se([u[k] for u in updates if u["round"] in last])[0] for k in ("ev", "kl", "clip")
     }
+    # the value function's quality as training goes: explained variance per round
+    out["ev_per_round"] = [
+        mean_se([u["ev"] for u in updates if u["round"] == r])[0] for r in range(cfg.run.rounds)
+    ]
     out["wall_minutes_per_seed"] = [part_by_seed[s]["runs"]["ppo"][0]["wall_s"] / 60 for s in seeds]
     return out
 
@@ -589,6 +603,17 @@ def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
                 )
     if transfer:
         result["transfer"] = _transfer_block(transfer)
+    use = _descriptors.summarize(PARTS_DIR, "ppo")
+    if use:
+        result["descriptor_use"] = use
+        rows = [[g, use[g]["slot"], use[g]["blueprint"], use[g]["germinate"]]
+                for g in _descriptors.GROUPS]  # fmt: skip
+        print_table(
+            f"the final policy with one descriptor group from the partner member (seeds "
+            f"{use['seeds']}): share of first choices changed, |change| of P(germinate)",
+            ["swapped", "slot", "blueprint", "P(germinate)"],
+            rows,
+        )
     result["wall_minutes_runs"] = (
         sum(
             run["wall_s"]
@@ -622,8 +647,8 @@ def main_family(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     variant = "ppo" if not args.variant else f"ppo-{args.variant}"
     if overrides and args.family != "ppo":
         raise SystemExit("--set: only with --family ppo (a PPO variant)")
-    if args.variant and args.family not in ("ppo", "transfer"):
-        raise SystemExit("--variant: only with --family ppo or transfer")
+    if args.variant and args.family not in ("ppo", "transfer", "descriptors"):
+        raise SystemExit("--variant: only with --family ppo, transfer or descriptors")
     if overrides and not args.variant:
         raise SystemExit("--set: name the variant (--variant NAME): its results are its own")
     frozen = frozen_config(cfg, overrides)

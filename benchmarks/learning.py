@@ -311,7 +311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="seconds; numbers mean nothing")
     parser.add_argument(
         "--family",
-        choices=["rules", "ppo", "pair", "transfer", "summary"],
+        choices=["rules", "ppo", "pair", "transfer", "descriptors", "summary"],
         help="the host-family benchmark (configs/learning_family.toml), one stage "
         "(benchmarks/_family.py; --seeds picks the seeds)",
     )
