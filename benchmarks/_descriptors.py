@@ -106,8 +106,8 @@ def part_name(variant: str, seed: int) -> str:
 
 def summarize(parts_dir: Path, variant: str) -> dict[str, Any]:
     """A variant's stored probes: per group and measure, the mean over its seeds."""
-    paths = sorted(parts_dir.glob(f"{part_name(variant, 0)[:-1]}*.json"))
-    parts = [json.loads(p.read_text()) for p in paths]
+    parts = [json.loads(p.read_text()) for p in sorted(parts_dir.glob("descriptors-*.json"))]
+    parts = [p for p in parts if p["variant"] == variant]
     if not parts:
         return {}
     out: dict[str, Any] = {"seeds": [p["seed"] for p in parts], "variant": variant}

@@ -368,10 +368,13 @@ def table_window(cfg: Config) -> range:
 
 
 def stored(stage: str) -> dict[int, dict[str, Any]]:
-    """Every seed's part of a stage found on disk."""
+    """Every seed's part of a stage found on disk (``<stage>-s<seed>.json`` exactly: the
+    parts of variant ``ent0.01-sparse`` are not those of ``ent0.01``)."""
     out = {}
     for path in sorted(PARTS_DIR.glob(f"{stage}-s*.json")):
-        out[int(path.stem.rsplit("-s", 1)[1])] = json.loads(path.read_text())
+        name, seed = path.stem.rsplit("-s", 1)
+        if name == stage and seed.isdigit():
+            out[int(seed)] = json.loads(path.read_text())
     return out
 
 
