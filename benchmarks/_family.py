@@ -37,6 +37,7 @@ from typing import Any
 
 import _descriptors
 from _common import CACHE_DIR, REPO_ROOT, RESULTS_DIR, machine_info, print_table, write_results
+from esper_analysis.stats import mean_ci
 
 from esper.config import Config, load_config, with_overrides
 from esper.core.constants import CNN_BLUEPRINTS
@@ -316,15 +317,22 @@ def paired_rounds(
     theirs: dict[int, dict[tuple[int, int], dict[str, Any]]],
     rounds: range,
 ) -> dict[str, Any]:
-    """Ours minus theirs, per (seed, round) mean over the round's envs: accuracy, reward."""
+    """Ours minus theirs, per (seed, round) mean over the round's envs: accuracy, reward;
+    its s.e. over (seed, round) pairs, and ``seeds``: each seed's mean difference with a
+    95 % t interval over seeds (the rounds of one run are not independent samples)."""
     out: dict[str, Any] = {}
     for key in ("acc", "reward"):
-        diffs = []
+        diffs, per_seed = [], []
         for seed, eps in ours.items():
             a, b = round_means(eps, key, rounds), round_means(theirs.get(seed, {}), key, rounds)
-            diffs += [a[r] - b[r] for r in a if r in b]
+            mine = [a[r] - b[r] for r in a if r in b]
+            diffs += mine
+            per_seed += [statistics.fmean(mine)] if mine else []
         mean, se, n = mean_se(diffs)
-        out[key] = {"mean": mean, "se": se, "n": n, "z": mean / se if se and se > 0 else math.nan}
+        est = mean_ci(per_seed)
+        seeds = {"mean": est.mean, "low": est.low, "high": est.high, "n": est.n}
+        z = mean / se if se and se > 0 else math.nan
+        out[key] = {"mean": mean, "se": se, "n": n, "z": z, "seeds": seeds}
     return out
 
 
@@ -525,12 +533,23 @@ def _gains_vs(
     return out
 
 
+def _ci(stat: dict[str, Any]) -> str:
+    """The 95 % interval over seeds, as printed."""
+    seeds = stat["seeds"]
+    return f"[{seeds['low']:+.2f}, {seeds['high']:+.2f}]"
+
+
 def _print_minus(title: str, minus: dict[str, Any]) -> None:
     rows = [
-        [k, v["acc"]["mean"], v["acc"]["se"], v["reward"]["mean"], v["reward"]["se"], v["acc"]["n"]]
+        [k, v["acc"]["mean"], v["acc"]["se"], _ci(v["acc"]), v["reward"]["mean"],
+         v["reward"]["se"], _ci(v["reward"]), v["acc"]["seeds"]["n"], v["acc"]["n"]]
         for k, v in minus.items()
-    ]
-    print_table(title, ["other", "acc pp", "s.e.", "reward", "s.e.", "n"], rows)
+    ]  # fmt: skip
+    print_table(
+        title,
+        ["other", "acc pp", "s.e.", "95% CI (seeds)", "reward", "s.e.", "95% CI", "seeds", "n"],
+        rows,
+    )
 
 
 def _transfer_block(transfer: dict[int, dict[str, Any]]) -> dict[str, Any]:
