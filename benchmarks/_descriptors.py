@@ -1,13 +1,14 @@
 """Which host descriptors a trained family policy uses (``learning.py --family descriptors``).
 
-For each seed's final policy (its checkpoint from ``--family ppo``), at the first step of
-the rules table's rounds, every env's observation is changed in one descriptor group at a
-time: the group's columns are taken from an env of the *partner* member (the narrow,
-doubling hosts and the wide-first, very-wide-last hosts are paired: the members whose best
-rules differ). A group the policy uses moves its greedy first choice: which slot it would
-grow in, which blueprint, and the probability of germinating now. Swapping every
-descriptor at once is the upper bound; the groups that never vary over the family (depth,
-a slot's place) are left out: swapping them changes nothing by construction.
+For each seed's final policy (its checkpoint from ``--family ppo``), frozen, over the rules
+table's rounds: the policy plays its episodes as ``esper evaluate`` does, and at every
+step the same decision is also taken with one descriptor group of every env's
+observation taken from an env of the *partner* member (the narrow, doubling hosts and the
+wide-first, very-wide-last hosts are paired: the members whose best rules differ), with
+the same recurrent state. A group the policy uses changes its greedy decisions: whether
+it germinates now, and where and what. Swapping every descriptor at once is the upper
+bound; the groups that never vary over the family (depth, a slot's place) are left out
+as groups of their own: swapping them changes nothing by construction.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ from esper.core.enums import Initiator, LifecycleOp
 from esper.data.tasks import TaskData
 from esper.policy.actions import HEAD_INDEX
 from esper.policy.features import HOST_LAYOUT, SLOT_HOST_LAYOUT
+from esper.policy.protocol import Hidden
+from esper.training.envs.env_results import Observation, PhaseTimes
 from esper.training.envs.host_envs import HostEnvs
 from esper.training.learning.learner import Learner
 from esper.training.learning.policy_factory import build_policy
 from esper.training.loop.checkpoint import read_checkpoint
-from esper.training.loop.run_setup import action_space_for
+from esper.training.loop.run_setup import action_space_for, configure_torch
 
+#: The heads that say what and where a germination grows.
+GROWTH_HEADS = [HEAD_INDEX["slot"], HEAD_INDEX["blueprint"]]
 #: Each member's partner: the member of the other kind at a similar size.
 PARTNERS = {"w2-4-8": "w16-4-64", "w16-4-64": "w2-4-8", "w3-6-12": "w8-4-64", "w8-4-64": "w3-6-12"}
 #: Descriptor groups that vary over the family: host-level names and per-slot names.
@@ -56,48 +61,61 @@ def descriptor_columns(obs_width: int, n_slots: int) -> dict[str, list[int]]:
     return cols
 
 
-def _greedy(learner: Learner, envs: HostEnvs, obs: torch.Tensor) -> dict[str, np.ndarray]:
-    """The frozen policy's first decision of the round on ``obs``: greedy heads, P(germinate)."""
-    o = envs.observe(0)
-    hidden = learner.policy.initial_hidden(obs.shape[0], learner.device)
+def _greedy(
+    learner: Learner, o: Observation, obs: torch.Tensor, hidden: Hidden
+) -> tuple[np.ndarray, np.ndarray]:
+    """The frozen policy's greedy heads on ``obs`` (with ``o``'s masks), and whether each
+    env's op is GERMINATE."""
     step = learner.policy.act(
         learner.obs_norm.normalize(obs), o.blueprint_ids, o.masks, hidden, deterministic=True
     )
-    return {
-        "slot": step.actions[:, HEAD_INDEX["slot"]].numpy(),
-        "blueprint": step.actions[:, HEAD_INDEX["blueprint"]].numpy(),
-        "germinate": step.op_probs[:, LifecycleOp.GERMINATE].numpy().astype(np.float64),
-    }
+    heads = step.actions.numpy()
+    return heads[:, GROWTH_HEADS], heads[:, HEAD_INDEX["op"]] == LifecycleOp.GERMINATE
 
 
 def probe_seed(cfg: Config, checkpoint: Path, data: TaskData, rounds: range) -> dict[str, Any]:
-    """Per descriptor group: how often swapping it changes the greedy slot or blueprint,
-    and the mean absolute change of P(germinate), over every env of ``rounds``."""
+    """Per descriptor group, over every step of ``rounds``: the share of steps whose
+    greedy op changes when the group is swapped, and of germinations (real or swapped)
+    whose op, slot or blueprint changes."""
+    configure_torch(cfg)  # threads as in a run
     space = action_space_for(cfg, data)
     learner = Learner(cfg, space, build_policy(cfg, space), frozen=True)
     learner.load_state_dict(read_checkpoint(checkpoint)["learner"])
     envs = HostEnvs(cfg, data, space=space, policy_device=torch.device("cpu"),
                     amp=cfg.run.amp, initiator=Initiator.POLICY)  # fmt: skip
-    changed: dict[str, dict[str, list[float]]] = {g: {} for g in GROUPS}
+    counts = {g: {"steps": 0, "op": 0, "germinations": 0, "growth": 0} for g in GROUPS}
     for rnd in rounds:
         envs.reset(rnd)
-        obs = envs.observe(0).obs
-        cols = descriptor_columns(obs.shape[1], space.n_slots)
-        names = envs.host_names
-        partner_row = [names.index(PARTNERS[m]) for m in names]
-        base = _greedy(learner, envs, obs)
-        for group, fields in GROUPS.items():
-            idx = [c for f in fields for c in cols[f]]
-            swapped = obs.clone()
-            swapped[:, idx] = obs[partner_row][:, idx]
-            new = _greedy(learner, envs, swapped)
-            row = changed[group]
-            row.setdefault("slot", []).extend((new["slot"] != base["slot"]).astype(float))
-            row.setdefault("blueprint", []).extend(
-                (new["blueprint"] != base["blueprint"]).astype(float)
-            )
-            row.setdefault("germinate", []).extend(np.abs(new["germinate"] - base["germinate"]))
-    return {g: {k: statistics.fmean(v) for k, v in row.items()} for g, row in changed.items()}
+        hidden = learner.begin_round(cfg.run.n_envs)
+        partner = [envs.host_names.index(PARTNERS[m]) for m in envs.host_names]
+        for step in range(cfg.run.episode_length):
+            envs.advance(rnd, step, PhaseTimes())
+            o = envs.observe(step)
+            cols = descriptor_columns(o.obs.shape[1], space.n_slots)
+            base, grows = _greedy(learner, o, o.obs, hidden)
+            for group, fields in GROUPS.items():
+                idx = [c for f in fields for c in cols[f]]
+                swapped = o.obs.clone()
+                swapped[:, idx] = o.obs[partner][:, idx]
+                new, new_grows = _greedy(learner, o, swapped, hidden)
+                c = counts[group]
+                either = grows | new_grows
+                c["steps"] += len(grows)
+                c["op"] += int((grows != new_grows).sum())
+                c["germinations"] += int(either.sum())
+                changed = (grows != new_grows) | (new != base).any(axis=1)
+                c["growth"] += int((changed & either).sum())
+            decision = learner.decide(o, hidden)  # the real decision, as evaluate takes it
+            envs.step(decision.heads, step)
+            hidden = decision.hidden
+    return {
+        g: {
+            "op": c["op"] / c["steps"],
+            "growth": c["growth"] / c["germinations"] if c["germinations"] else float("nan"),
+            "germinations": c["germinations"],
+        }
+        for g, c in counts.items()
+    }
 
 
 def part_name(variant: str, seed: int) -> str:
@@ -113,7 +131,6 @@ def summarize(parts_dir: Path, variant: str) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": [p["seed"] for p in parts], "variant": variant}
     for group in GROUPS:
         out[group] = {
-            k: statistics.fmean(p["probe"][group][k] for p in parts)
-            for k in ("slot", "blueprint", "germinate")
+            k: statistics.fmean(p["probe"][group][k] for p in parts) for k in ("op", "growth")
         }
     return out

@@ -628,12 +628,12 @@ def summary(cfg: Config, out: Path, out_name: str) -> dict[str, Any]:
     use = _descriptors.summarize(PARTS_DIR, "ppo")
     if use:
         result["descriptor_use"] = use
-        rows = [[g, use[g]["slot"], use[g]["blueprint"], use[g]["germinate"]]
-                for g in _descriptors.GROUPS]  # fmt: skip
+        rows = [[g, use[g]["op"], use[g]["growth"]] for g in _descriptors.GROUPS]
         print_table(
-            f"the final policy with one descriptor group from the partner member (seeds "
-            f"{use['seeds']}): share of first choices changed, |change| of P(germinate)",
-            ["swapped", "slot", "blueprint", "P(germinate)"],
+            f"the final policy, frozen, with one descriptor group from the partner member "
+            f"(seeds {use['seeds']}): share of steps whose greedy op changes, and of "
+            "germinations whose op, slot or blueprint changes",
+            ["swapped", "op changed", "germination changed"],
             rows,
         )
     result["wall_minutes_runs"] = (
