@@ -123,14 +123,21 @@ def part_name(variant: str, seed: int) -> str:
 
 
 def summarize(parts_dir: Path, variant: str) -> dict[str, Any]:
-    """A variant's stored probes: per group and measure, the mean over its seeds."""
+    """A variant's stored probes, pooled over its seeds: per group the share of steps
+    whose op changed and of germinations that changed (a seed whose policy never
+    germinates has none to change), and each seed's own shares."""
     parts = [json.loads(p.read_text()) for p in sorted(parts_dir.glob("descriptors-*.json"))]
     parts = [p for p in parts if p["variant"] == variant]
     if not parts:
         return {}
     out: dict[str, Any] = {"seeds": [p["seed"] for p in parts], "variant": variant}
     for group in GROUPS:
+        probes = [p["probe"][group] for p in parts]
+        germinations = sum(q["germinations"] for q in probes)
+        changed = sum(q["growth"] * q["germinations"] for q in probes if q["germinations"])
         out[group] = {
-            k: statistics.fmean(p["probe"][group][k] for p in parts) for k in ("op", "growth")
+            "op": statistics.fmean(q["op"] for q in probes),
+            "growth": changed / germinations if germinations else float("nan"),
+            "per_seed": {p["seed"]: p["probe"][group]["growth"] for p in parts},
         }
     return out
