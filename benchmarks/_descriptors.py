@@ -25,7 +25,13 @@ from esper.config import Config
 from esper.core.enums import Initiator, LifecycleOp
 from esper.data.tasks import TaskData
 from esper.policy.actions import HEAD_INDEX
-from esper.policy.features import HOST_LAYOUT, SLOT_HOST_LAYOUT
+from esper.policy.features import (
+    HOST_DIM,
+    HOST_LAYOUT,
+    SLOT_HOST_DIM,
+    SLOT_HOST_LAYOUT,
+    obs_dim,
+)
 from esper.policy.protocol import Hidden
 from esper.training.envs.env_results import Observation, PhaseTimes
 from esper.training.envs.host_envs import HostEnvs
@@ -48,29 +54,29 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-def descriptor_columns(obs_width: int, n_slots: int) -> dict[str, list[int]]:
-    """Observation columns of each descriptor name (the descriptors close the row)."""
-    width = len(HOST_LAYOUT) + n_slots * len(SLOT_HOST_LAYOUT)
-    start = obs_width - width
-    cols: dict[str, list[int]] = {name: [start + i] for i, (name, _) in enumerate(HOST_LAYOUT)}
-    for k in range(n_slots):
-        for j, (name, _) in enumerate(SLOT_HOST_LAYOUT):
-            cols.setdefault(name, []).append(
-                start + len(HOST_LAYOUT) + k * len(SLOT_HOST_LAYOUT) + j
-            )
+def descriptor_columns(n_slots: int) -> dict[str, list[int]]:
+    """Observation columns of each descriptor name: the host descriptors close the row
+    (``HOST_LAYOUT``, then ``SLOT_HOST_LAYOUT`` once per slot)."""
+    at = obs_dim(n_slots, host_features=True) - HOST_DIM - n_slots * SLOT_HOST_DIM
+    cols: dict[str, list[int]] = {}
+    for name, width in (*HOST_LAYOUT, *SLOT_HOST_LAYOUT * n_slots):
+        cols.setdefault(name, []).extend(range(at, at + width))
+        at += width
     return cols
 
 
-def _greedy(
-    learner: Learner, o: Observation, obs: torch.Tensor, hidden: Hidden
-) -> tuple[np.ndarray, np.ndarray]:
-    """The frozen policy's greedy heads on ``obs`` (with ``o``'s masks), and whether each
-    env's op is GERMINATE."""
+def _growth(heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What and where each env would grow, and whether its op is GERMINATE."""
+    return heads[:, GROWTH_HEADS], heads[:, HEAD_INDEX["op"]] == LifecycleOp.GERMINATE
+
+
+def _greedy(learner: Learner, o: Observation, obs: torch.Tensor, hidden: Hidden) -> np.ndarray:
+    """The frozen policy's greedy heads on ``obs`` (with ``o``'s masks)."""
     step = learner.policy.act(
         learner.obs_norm.normalize(obs), o.blueprint_ids, o.masks, hidden, deterministic=True
     )
-    heads = step.actions.numpy()
-    return heads[:, GROWTH_HEADS], heads[:, HEAD_INDEX["op"]] == LifecycleOp.GERMINATE
+    heads: np.ndarray = step.actions.numpy()
+    return heads
 
 
 def probe_seed(cfg: Config, checkpoint: Path, data: TaskData, rounds: range) -> dict[str, Any]:
@@ -83,6 +89,8 @@ def probe_seed(cfg: Config, checkpoint: Path, data: TaskData, rounds: range) -> 
     learner.load_state_dict(read_checkpoint(checkpoint)["learner"])
     envs = HostEnvs(cfg, data, space=space, policy_device=torch.device("cpu"),
                     amp=cfg.run.amp, initiator=Initiator.POLICY)  # fmt: skip
+    cols = descriptor_columns(space.n_slots)
+    swap = {g: [c for f in fields for c in cols[f]] for g, fields in GROUPS.items()}
     counts = {g: {"steps": 0, "op": 0, "germinations": 0, "growth": 0} for g in GROUPS}
     for rnd in rounds:
         envs.reset(rnd)
@@ -91,13 +99,12 @@ def probe_seed(cfg: Config, checkpoint: Path, data: TaskData, rounds: range) -> 
         for step in range(cfg.run.episode_length):
             envs.advance(rnd, step, PhaseTimes())
             o = envs.observe(step)
-            cols = descriptor_columns(o.obs.shape[1], space.n_slots)
-            base, grows = _greedy(learner, o, o.obs, hidden)
-            for group, fields in GROUPS.items():
-                idx = [c for f in fields for c in cols[f]]
+            decision = learner.decide(o, hidden)  # the real decision, as evaluate takes it
+            base, grows = _growth(decision.heads)
+            for group, idx in swap.items():
                 swapped = o.obs.clone()
                 swapped[:, idx] = o.obs[partner][:, idx]
-                new, new_grows = _greedy(learner, o, swapped, hidden)
+                new, new_grows = _growth(_greedy(learner, o, swapped, hidden))
                 c = counts[group]
                 either = grows | new_grows
                 c["steps"] += len(grows)
@@ -105,7 +112,6 @@ def probe_seed(cfg: Config, checkpoint: Path, data: TaskData, rounds: range) -> 
                 c["germinations"] += int(either.sum())
                 changed = (grows != new_grows) | (new != base).any(axis=1)
                 c["growth"] += int((changed & either).sum())
-            decision = learner.decide(o, hidden)  # the real decision, as evaluate takes it
             envs.step(decision.heads, step)
             hidden = decision.hidden
     return {
