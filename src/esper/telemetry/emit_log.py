@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from esper.core.enums import RunStatus
+from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import Event
 from esper.telemetry.hub import UNSTAMPED_SEQ, DelegatingHub, Hub
 
@@ -39,6 +40,12 @@ class EmitLogHub(DelegatingHub):
         lines = [f"{e.seq} {e.ts_ns}\n" for e in events if e.seq != UNSTAMPED_SEQ]
         if lines and self._fd >= 0:
             os.write(self._fd, "".join(lines).encode())
+
+    def emit_columns(self, batch: EventColumns) -> None:
+        self._inner.emit_columns(batch)
+        if batch.seq != UNSTAMPED_SEQ and self._fd >= 0:
+            seqs = range(batch.seq, batch.seq + batch.n)
+            os.write(self._fd, "".join(f"{seq} {batch.ts_ns}\n" for seq in seqs).encode())
 
     def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
         try:

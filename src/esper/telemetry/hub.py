@@ -4,7 +4,9 @@
 ``rank``) in place and appends the event to the writer's bounded buffer under a lock:
 no encoding, no I/O, no device sync (about half a microsecond). Filtering happens
 before stamping, so a filtered event never consumes a ``seq`` and
-``seq`` has no gaps per run and rank. Everything else (Arrow conversion, Parquet, the
+``seq`` has no gaps per run and rank. ``emit_columns`` takes a whole step's events of one
+type as columns (:mod:`esper.telemetry.event_columns`) and stamps them at once: no
+per-event Python at all. Everything else (Arrow conversion, Parquet, the
 manifest) happens in the writer thread (:mod:`esper.telemetry.writer`).
 
 Three implementations share the :class:`Hub` interface: :class:`TelemetryHub` (the
@@ -30,6 +32,7 @@ import msgspec
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
+from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
 from esper.telemetry.lock import RunLock, acquire_run_lock
 from esper.telemetry.manifest import WriterCounters, new_manifest
@@ -86,6 +89,11 @@ class Hub:
         hubs that buffer take their lock once; this default emits them one by one)."""
         for event in events:
             self.emit(event)
+
+    def emit_columns(self, batch: EventColumns) -> None:
+        """Emit ``batch.n`` events of one type given as columns, in row order (one
+        ``seq`` each, one timestamp for all): a step's events without a Struct per env."""
+        raise NotImplementedError
 
     @property
     def next_seq(self) -> int:
@@ -178,6 +186,18 @@ class StampingHub(Hub):
             seq += 1
         self._seq = seq
 
+    def _stamp_columns(self, batch: EventColumns) -> None:
+        """Stamp a batch of columns with the next ``batch.n`` seqs (caller holds the lock)."""
+        batch.stamp(self.run_id, self._seq, _time_ns(), self.rank)
+        self._seq += batch.n
+
+    def _columns_recorded(self, batch: EventColumns) -> bool:
+        """Whether a batch of columns passes the level filter."""
+        try:
+            return batch.n > 0 and _LEVELS[batch.cls] <= self.level
+        except KeyError:
+            raise _unknown_event(batch.cls) from None
+
     def _recorded(self, events: Sequence[Event]) -> bool:
         """Whether a batch of one event type passes the level filter."""
         try:
@@ -231,6 +251,9 @@ class DelegatingHub(Hub):
     def emit_batch(self, events: Sequence[Event]) -> None:
         self._inner.emit_batch(events)
 
+    def emit_columns(self, batch: EventColumns) -> None:
+        self._inner.emit_columns(batch)
+
     @property
     def next_seq(self) -> int:
         return self._inner.next_seq
@@ -279,6 +302,12 @@ class TelemetryHub(StampingHub):
         """Live writer statistics (the same object the manifest reports)."""
         return self._writer.counters
 
+    def _check_open(self) -> None:
+        """Raise the writer's failure, or that the hub is closed."""
+        if self._closed or self._writer.error is not None:
+            self._writer.raise_if_failed()
+            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+
     def emit(self, event: Event) -> None:
         """Filter, check, stamp and append (blocks while the buffer is full)."""
         try:
@@ -286,35 +315,49 @@ class TelemetryHub(StampingHub):
                 return
         except KeyError:
             raise _unknown_event(event) from None
-        if self._closed or self._writer.error is not None:
-            self._writer.raise_if_failed()
-            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+        self._check_open()
         if event.seq != UNSTAMPED_SEQ:
             raise _already_emitted(event)
         with self._lock:
-            if len(self._buf) >= self._capacity:
+            if self._writer.buffered >= self._capacity:
                 if self._drop:
                     self._writer.counters.dropped += 1
                     return
                 self._writer.wait_for_room_locked()
             self._stamp(event)
             self._buf.append(event)
+            self._writer.buffered += 1
 
     def emit_batch(self, events: Sequence[Event]) -> None:
         """:meth:`emit` of events of one type, under one lock (one by one when the
         buffer has no room for all of them)."""
         if not self._recorded(events):
             return
-        if self._closed or self._writer.error is not None:
-            self._writer.raise_if_failed()
-            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+        self._check_open()
         with self._lock:
-            if len(self._buf) + len(events) <= self._capacity:
+            if self._writer.buffered + len(events) <= self._capacity:
                 self._stamp_all(events)
                 self._buf.extend(events)
+                self._writer.buffered += len(events)
                 return
         for event in events:
             self.emit(event)
+
+    def emit_columns(self, batch: EventColumns) -> None:
+        """:meth:`emit_batch` of columns: the batch goes in whole once the buffer has
+        room (with ``drop_when_full``, a full buffer drops it, counting its events)."""
+        if not self._columns_recorded(batch):
+            return
+        self._check_open()
+        with self._lock:
+            if self._writer.buffered + batch.n > self._capacity:
+                if self._drop:
+                    self._writer.counters.dropped += batch.n
+                    return
+                self._writer.wait_for_room_locked()
+            self._stamp_columns(batch)
+            self._buf.append(batch)
+            self._writer.buffered += batch.n
 
     def flush(self) -> None:
         if self._closed:
@@ -343,10 +386,11 @@ class TelemetryHub(StampingHub):
             writer.flush(sync=False)  # the close's own fsync covers it
             stats = writer_stats_event(writer.counters)  # recorded whatever the level
             with self._lock:
-                if len(self._buf) >= self._capacity:
+                if writer.buffered >= self._capacity:
                     writer.wait_for_room_locked()
                 self._stamp(stats)
                 self._buf.append(stats)
+                writer.buffered += 1
         except TelemetryWriteError as exc:
             failure = exc
         self._closed = True
@@ -395,6 +439,9 @@ class NullHub(StampingHub):
     def emit_batch(self, events: Sequence[Event]) -> None:
         return None
 
+    def emit_columns(self, batch: EventColumns) -> None:
+        return None
+
     def set_level(
         self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
     ) -> None:
@@ -439,6 +486,15 @@ class MemoryHub(StampingHub):
         with self._lock:
             self._stamp_all(events)
             self.events.extend(events)
+
+    def emit_columns(self, batch: EventColumns) -> None:
+        if not self._columns_recorded(batch):
+            return
+        if self._closed:
+            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        with self._lock:
+            self._stamp_columns(batch)
+            self.events.extend(batch.events())
 
     def _stamp_and_store(self, event: Event) -> None:
         self._stamp(event)

@@ -32,10 +32,12 @@ then deletes its inputs; a crash in between is settled by the superseded-part ru
 and then opens one may find it merged away meanwhile: it lists again.
 :meth:`EventWriter.finalize` (the close) merges each type into one file, on every core.
 
-Back-pressure. The buffer is bounded (``queue_capacity`` events). When it is full the
-producer blocks until the writer has drained it (lossless by default); blocked time and
-the number of blocked emits are counted. With ``drop_when_full`` the event is dropped
-instead and counted. Both counts reach the manifest and the final ``writer_stats`` event.
+Back-pressure. The buffer is bounded (``queue_capacity`` events; a batch of columns,
+:mod:`esper.telemetry.event_columns`, counts its events and goes in whole once there is
+room). When it is full the producer blocks until the writer has drained it (lossless
+by default); blocked time and the number of blocked emits are counted. With
+``drop_when_full`` the event (or batch) is dropped instead and its events counted.
+Both counts reach the manifest and the final ``writer_stats`` event.
 
 Errors. Any exception in the writer thread is stored as :class:`TelemetryWriteError`
 (naming the path and the OS error) and raised in the producer at its next ``emit``,
@@ -58,6 +60,7 @@ import pyarrow as pa
 from esper.core.enums import RunStatus
 from esper.errors import EsperError
 from esper.telemetry.arrow_schema import event_schema, events_to_table
+from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import EVENT_TYPES, Event, WriterStats, event_tag
 from esper.telemetry.manifest import Manifest, WriterCounters, write_manifest
 from esper.telemetry.paths import list_parts, manifest_path, part_name, type_rank_dir
@@ -148,7 +151,9 @@ class EventWriter:
         self.flush_interval_s = flush_interval_s
         self.sink = sink
         self.lock = threading.Lock()
-        self.buffer: list[Event] = []
+        self.buffer: list[Event | EventColumns] = []
+        #: Events in ``buffer`` (a batch of columns counts its events).
+        self.buffered = 0
         self.error: TelemetryWriteError | None = None
         self._wake = threading.Condition(self.lock)
         self._room = threading.Condition(self.lock)
@@ -184,7 +189,7 @@ class EventWriter:
         """Block until the buffer has room (``lock`` held); count the blocked time."""
         start = time.perf_counter_ns()
         self._wake.notify()
-        while len(self.buffer) >= self.capacity and self.error is None:
+        while self.buffered >= self.capacity and self.error is None:
             if not self._thread.is_alive():
                 raise TelemetryWriteError("telemetry writer thread is not running")
             self._room.wait(self.flush_interval_s)
@@ -255,13 +260,14 @@ class EventWriter:
             with self.lock:
                 while not self._stopping and self._requested == self._done:
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0 or len(self.buffer) >= self.capacity:
+                    if remaining <= 0 or self.buffered >= self.capacity:
                         break
                     self._wake.wait(remaining)
+                depth = self.buffered
                 batch = self._take_buffered()
                 target, stopping = self._requested, self._stopping
                 sync = self._sync_requested > self._done
-                self.counters.max_queue_depth = max(self.counters.max_queue_depth, len(batch))
+                self.counters.max_queue_depth = max(self.counters.max_queue_depth, depth)
                 self._room.notify_all()
             deadline = time.monotonic() + period
             cpu_start = time.thread_time_ns()
@@ -281,13 +287,14 @@ class EventWriter:
             if stopping:
                 return
 
-    def _take_buffered(self) -> list[Event]:
+    def _take_buffered(self) -> list[Event | EventColumns]:
         """The buffered events, removed from the buffer (``lock`` held)."""
         batch = self.buffer[:]
         del self.buffer[: len(batch)]
+        self.buffered = 0
         return batch
 
-    def _write_batch(self, batch: list[Event], *, sync: bool) -> None:
+    def _write_batch(self, batch: list[Event | EventColumns], *, sync: bool) -> None:
         """One part per event type of ``batch`` (in ``seq`` order), then due merges. The
         manifest counts each type's events once its part is in place.
 
@@ -297,14 +304,17 @@ class EventWriter:
         settles a crash in between)."""
         if not batch:
             return
-        groups: dict[type[Event], list[Event]] = {}
-        for event in batch:
-            groups.setdefault(type(event), []).append(event)
-        for cls, events in groups.items():
+        groups: dict[type[Event], list[Event | EventColumns]] = {}
+        for item in batch:
+            cls = item.cls if isinstance(item, EventColumns) else type(item)
+            groups.setdefault(cls, []).append(item)
+        written = 0
+        for cls, items in groups.items():
             tag = event_tag(cls)
             files = self._files[tag]
-            table = events_to_table(cls, events)
-            first, last = events[0].seq, events[-1].seq
+            table, first, last = _table(cls, items)
+            rows = table.num_rows
+            written += rows
             tail = self._unsynced_tail(files) if sync else []
             if tail:
                 table = pa.concat_tables([*(f.table for f in tail if f.table is not None), table])
@@ -313,15 +323,18 @@ class EventWriter:
             self._io_path = path
             self.counters.bytes_written += self.sink.write_part(table, path)
             self._unsynced[path] = None
-            self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + len(events)
+            self.manifest.counts[tag] = self.manifest.counts.get(tag, 0) + rows
             if not files:  # a new type directory: its entry must be made durable too
                 self._new_dirs.append(path.parent)
             self._remove(tail)
             files[len(files) - len(tail) :] = [_File(path, first, last, 0, table)]
             while (start := merge_start([f.level for f in files])) is not None:
                 self._merge(tag, files, start)
-        self.manifest.last_seq = batch[-1].seq
-        self.counters.events_written += len(batch)
+        last_item = batch[-1]
+        self.manifest.last_seq = (
+            last_item.last_seq if isinstance(last_item, EventColumns) else last_item.seq
+        )
+        self.counters.events_written += written
         self.counters.flushes += 1
 
     def _unsynced_tail(self, files: list[_File]) -> list[_File]:
@@ -415,6 +428,26 @@ class EventWriter:
                 self.error = error
             self._room.notify_all()
             self._flushed.notify_all()
+
+
+def _table(cls: type[Event], items: list[Event | EventColumns]) -> tuple[pa.Table, int, int]:
+    """One type's buffered items as one table in ``seq`` order, with its ``seq`` range:
+    runs of Structs converted together, batches of columns as they are."""
+    tables: list[pa.Table] = []
+    structs: list[Event] = []
+    for item in items:
+        if isinstance(item, EventColumns):
+            if structs:
+                tables.append(events_to_table(cls, structs))
+                structs = []
+            tables.append(item.table())
+        else:
+            structs.append(item)
+    if structs:
+        tables.append(events_to_table(cls, structs))
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    first, last = items[0], items[-1]
+    return table, first.seq, last.last_seq if isinstance(last, EventColumns) else last.seq
 
 
 def _held(f: _File) -> bool:

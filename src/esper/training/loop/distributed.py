@@ -33,6 +33,7 @@ from esper.config import RunConfig
 from esper.data.iterator import SharedBatchIterator
 from esper.errors import CheckpointError, UserError
 from esper.telemetry import events as ev
+from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import Event
 from esper.telemetry.hub import DelegatingHub, Hub
 from esper.training.learning.learner import POLICY_SEED_OFFSET, Learner
@@ -345,3 +346,8 @@ class RankHub(DelegatingHub):
         if events and self._drop_run_level and isinstance(events[0], RUN_LEVEL_EVENTS):
             return  # a batch holds events of one type
         self._inner.emit_batch(events)
+
+    def emit_columns(self, batch: EventColumns) -> None:
+        if self._drop_run_level and issubclass(batch.cls, RUN_LEVEL_EVENTS):
+            return
+        self._inner.emit_columns(batch)

@@ -3,7 +3,10 @@
 The trainer, the env batch and the learner return plain data (records, transitions,
 metrics); :class:`Recorder` turns it into typed events on the hub, in a fixed order per
 step. It builds no event from a device tensor, and it checks ``hub.enabled(level)``
-before building a ``normal``/``debug`` event, so a lower level costs nothing.
+before building a ``normal``/``debug`` event, so a lower level costs nothing. The
+events every env has every step (actions, rewards, counterfactuals, env steps, episode
+ends) go to the hub as columns (:class:`~esper.telemetry.event_columns.EventColumns`),
+straight from the step's arrays: no Python per env.
 
 ``reward_computed`` lags one step: the next step's governor check may still put a
 rollback penalty on a transition, and the event must show it (:meth:`Recorder.epoch`).
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
+import pyarrow as pa
 import torch
 
 import esper
@@ -27,6 +31,7 @@ from esper.core.constants import ALL_BLUEPRINTS, ALPHA_TARGETS, HEAD_NAMES, RELE
 from esper.core.enums import LifecycleOp, PolicyKind, RunStatus, TelemetryLevel
 from esper.policy.actions import ActionSpace
 from esper.telemetry import events as ev
+from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import (
     REWARD_COMPONENTS,
     GovernorRollback,
@@ -49,7 +54,13 @@ if TYPE_CHECKING:
 OP_NAMES = np.array([op.name for op in LifecycleOp], dtype=object)
 #: A counterfactual reason's event value by its code.
 REASON_VALUES = np.array([r.value for r in REASONS], dtype=object)
-MASKED_HEADS = [[h for h in HEAD_NAMES if h not in RELEVANT_HEADS[op]] for op in LifecycleOp]
+MASKED_HEADS = np.empty(len(LifecycleOp), dtype=object)
+MASKED_HEADS[:] = [[h for h in HEAD_NAMES if h not in RELEVANT_HEADS[op]] for op in LifecycleOp]
+#: By op code: whether an ``action_taken`` of it names its slot, and its blueprint.
+NAMES_SLOT = np.array(["slot" in RELEVANT_HEADS[op] for op in LifecycleOp])
+NAMES_BLUEPRINT = np.array(["blueprint" in RELEVANT_HEADS[op] for op in LifecycleOp])
+BLUEPRINT_NAMES = np.array(ALL_BLUEPRINTS, dtype=object)
+ALPHA_TARGET_VALUES = np.array(ALPHA_TARGETS, dtype=np.float64)
 #: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
 _BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
 
@@ -76,7 +87,7 @@ class PendingRewards:
     breakdowns ``[N, C + 1]`` (total last), the ops and the normalised values."""
 
     breakdown: np.ndarray
-    ops: list[str]
+    ops: np.ndarray  # op names (object)
     normalized: np.ndarray
     step: int
 
@@ -233,35 +244,24 @@ class Recorder:
         )
 
     def _episodes(self, e: Summaries, *, rnd: int, step: int) -> None:
-        ep = dict(zip(e.episode, map(np.ndarray.tolist, e.episode.values()), strict=True))
-        added = (e.effective_params - e.host_params).tolist()
-        self.hub.emit_batch(
-            [
-                ev.EpisodeFinished(
-                    round=rnd,
-                    env=env,
-                    step=step,
-                    final_val_acc=acc,
-                    final_val_loss=loss,
-                    host_params=host,
-                    params_added=grown,
-                    seeds_germinated=germinated,
-                    seeds_fossilized=fossilized,
-                    seeds_pruned=pruned,
-                    episode_reward=reward,
-                    rollbacks=rollbacks,
-                    rollback_penalty=penalty,
-                    host=name,
-                )
-                for env, acc, loss, host, grown, germinated, fossilized, pruned, reward,
-                rollbacks, penalty, name in zip(
-                    e.index.tolist(), e.val_acc.tolist(), e.val_loss.tolist(),
-                    e.host_params.tolist(), added, ep["seeds_germinated"],
-                    ep["seeds_fossilized"], ep["seeds_pruned"], ep["reward_sum"],
-                    ep["rollbacks"], ep["rollback_penalty"], e.hosts, strict=True,
-                )
-            ]
-        )  # fmt: skip
+        ep = e.episode
+        columns = {
+            "round": rnd,
+            "env": e.index,
+            "step": step,
+            "final_val_acc": e.val_acc,
+            "final_val_loss": e.val_loss,
+            "host_params": e.host_params,
+            "params_added": e.effective_params - e.host_params,
+            "seeds_germinated": ep["seeds_germinated"],
+            "seeds_fossilized": ep["seeds_fossilized"],
+            "seeds_pruned": ep["seeds_pruned"],
+            "episode_reward": ep["reward_sum"],
+            "rollbacks": ep["rollbacks"],
+            "rollback_penalty": ep["rollback_penalty"],
+            "host": list(e.hosts),
+        }
+        self.hub.emit_columns(EventColumns(ev.EpisodeFinished, len(e.index), columns))
 
     # ------------------------------------------------------------------ step level
     def epoch(self, e: Epoch, *, rnd: int, step: int) -> None:
@@ -292,7 +292,7 @@ class Recorder:
         self._lifecycle(tr.records, rnd=rnd, step=step)
         if not self.hub.enabled(TelemetryLevel.NORMAL):
             return
-        ops = OP_NAMES[tr.heads[:, 0]].tolist()
+        ops = OP_NAMES[tr.heads[:, 0]]
         self._actions(tr, d, ops, rnd=rnd, step=step, space=space)
         breakdown = tr.rewards.copy()
         for row, carried in self._carried.items():
@@ -304,55 +304,40 @@ class Recorder:
         self, envs: Summaries, stats: StepStats, t: PhaseTimes, *, rnd: int, step: int
     ) -> None:
         """Per env-step numbers; phase times are the step's (shared by all envs)."""
-        self.hub.emit_batch(
-            [
-                ev.EnvStep(
-                    round=rnd,
-                    env=env,
-                    step=step,
-                    train_loss=train_loss,
-                    train_acc=train_acc,
-                    val_loss=val_loss,
-                    val_acc=val_acc,
-                    active_seeds=active,
-                    host_params=host,
-                    seed_params=seeds,
-                    train_ms=t.train_ms,
-                    val_ms=t.val_ms,
-                    features_ms=t.features_ms,
-                    policy_ms=t.policy_ms,
-                )
-                for env, train_loss, train_acc, val_loss, val_acc, active, host, seeds in zip(
-                    envs.index.tolist(), stats.train_loss.tolist(), stats.train_acc.tolist(),
-                    stats.val_loss.tolist(), stats.val_acc.tolist(),
-                    envs.active_seeds.tolist(), envs.host_params.tolist(),
-                    envs.seed_params.tolist(), strict=True,
-                )
-            ]
-        )  # fmt: skip
+        columns = {
+            "round": rnd,
+            "env": envs.index,
+            "step": step,
+            "train_loss": stats.train_loss.copy(),
+            "train_acc": stats.train_acc.copy(),
+            "val_loss": stats.val_loss.copy(),
+            "val_acc": stats.val_acc.copy(),
+            "active_seeds": envs.active_seeds,
+            "host_params": envs.host_params,
+            "seed_params": envs.seed_params,
+            "train_ms": t.train_ms,
+            "val_ms": t.val_ms,
+            "features_ms": t.features_ms,
+            "policy_ms": t.policy_ms,
+        }
+        self.hub.emit_columns(EventColumns(ev.EnvStep, len(envs.index), columns))
 
     def flush_rewards(self, rnd: int) -> None:
         """Emit every pending ``reward_computed`` (step end, round end, or on error)."""
         p, self._pending = self._pending, None
         if p is None:
             return
-        family, offset = self.reward_family, self.env_offset
-        self.hub.emit_batch(
-            [
-                ev.RewardComputed(
-                    round=rnd,
-                    env=offset + row,
-                    step=p.step,
-                    family=family,
-                    op=op,
-                    normalized=norm,
-                    **dict(zip(_BREAKDOWN_FIELDS, values, strict=True)),
-                )
-                for row, (values, op, norm) in enumerate(
-                    zip(p.breakdown.tolist(), p.ops, p.normalized.tolist(), strict=True)
-                )
-            ]
-        )
+        n = len(p.ops)
+        columns = {
+            "round": rnd,
+            "env": self.env_offset + np.arange(n),
+            "step": p.step,
+            "family": self.reward_family,
+            "op": p.ops,
+            "normalized": np.array(p.normalized, dtype=np.float64),
+            **{f: np.ascontiguousarray(p.breakdown[:, i]) for i, f in enumerate(_BREAKDOWN_FIELDS)},
+        }
+        self.hub.emit_columns(EventColumns(ev.RewardComputed, n, columns))
 
     # ------------------------------------------------------------------ helpers
     def _penalize(self, row: int, penalty: float, step: int) -> None:
@@ -376,79 +361,65 @@ class Recorder:
     def _counterfactuals(
         self, a: Attribution, slot_ids: tuple[str, ...], *, rnd: int, step: int
     ) -> None:
-        slots = list(slot_ids)
-        reasons = REASON_VALUES[a.reasons].tolist()
-        offset = self.env_offset
-        self.hub.emit_batch(
-            [
-                ev.CounterfactualComputed(
-                    round=rnd,
-                    env=offset + row,
-                    step=step,
-                    slots=slots,
-                    contributions=contributions,
-                    unavailable_reasons=why,
-                    shapley=phi if ok else [],  # the full factorial's values only
-                    interaction=interaction,
-                    real_acc=real,
-                    all_off_acc=all_off,
-                    n_configs=k,
-                    exact_shapley=ok,
-                )
-                for row, (contributions, why, phi, interaction, real, all_off, k, ok) in enumerate(
-                    zip(
-                        a.contributions.tolist(), reasons, a.shapley.tolist(),
-                        a.interaction.tolist(), a.real_acc.tolist(), a.all_off_acc.tolist(),
-                        a.n_configs.tolist(), a.exact_shapley.tolist(), strict=True,
-                    )
-                )
-            ]
-        )  # fmt: skip
+        n, width = a.contributions.shape
+        exact = np.asarray(a.exact_shapley, dtype=bool)
+        # Shapley values of the full factorial's rows only (an empty list elsewhere).
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.where(exact, width, 0), out=offsets[1:])
+        shapley = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(a.shapley[exact].reshape(-1), type=pa.float64())
+        )
+        columns = {
+            "round": rnd,
+            "env": self.env_offset + np.arange(n),
+            "step": step,
+            "slots": list(slot_ids),
+            "contributions": np.array(a.contributions, dtype=np.float64),
+            "unavailable_reasons": REASON_VALUES[a.reasons],
+            "shapley": shapley,
+            "interaction": np.array(a.interaction, dtype=np.float64),
+            "real_acc": np.array(a.real_acc, dtype=np.float64),
+            "all_off_acc": np.array(a.all_off_acc, dtype=np.float64),
+            "n_configs": np.array(a.n_configs),
+            "exact_shapley": exact.copy(),
+        }
+        self.hub.emit_columns(EventColumns(ev.CounterfactualComputed, n, columns))
 
     def _actions(
         self,
         tr: Transitions,
         d: DecisionColumns,
-        ops: list[str],
+        ops: np.ndarray,
         *,
         rnd: int,
         step: int,
         space: ActionSpace,
     ) -> None:
-        heads = tr.heads
-        op_mask = d.op_mask
-        op_probs = d.op_probs[np.arange(len(heads)), heads[:, 0]]
-        slot_ids, offset = space.slot_ids, self.env_offset
-        self.hub.emit_batch(
-            [
-                ev.ActionTaken(
-                    round=rnd,
-                    env=offset + row,
-                    step=step,
-                    op=op,
-                    slot=slot_ids[h[1]] if "slot" in RELEVANT_HEADS[h[0]] else "",
-                    blueprint=ALL_BLUEPRINTS[h[2]] if "blueprint" in RELEVANT_HEADS[h[0]] else "",
-                    style=h[3],
-                    tempo=h[4],
-                    alpha_target=ALPHA_TARGETS[h[5]],
-                    alpha_speed=h[6],
-                    alpha_curve=h[7],
-                    executed=executed,
-                    op_mask=mask,
-                    n_valid_ops=sum(mask),
-                    masked_heads=MASKED_HEADS[h[0]],
-                    value=value,
-                    log_prob=log_prob,
-                    op_prob=op_prob,
-                )
-                for row, (h, op, executed, mask, value, log_prob, op_prob) in enumerate(
-                    zip(
-                        heads.tolist(), ops, tr.executed.tolist(), op_mask.tolist(),
-                        d.value.tolist(), d.log_prob.tolist(), op_probs.tolist(), strict=True,
-                    )
-                )
-            ]
-        )  # fmt: skip
+        heads = np.array(tr.heads, dtype=np.int64)
+        n, code = len(heads), heads[:, 0]
+        op_mask = np.array(d.op_mask, dtype=bool)
+        slot_names = np.array(space.slot_ids, dtype=object)
+        columns = {
+            "round": rnd,
+            "env": self.env_offset + np.arange(n),
+            "step": step,
+            "op": ops,
+            "slot": np.where(NAMES_SLOT[code], slot_names[heads[:, 1]], ""),
+            "blueprint": np.where(NAMES_BLUEPRINT[code], BLUEPRINT_NAMES[heads[:, 2]], ""),
+            "style": heads[:, 3],
+            "tempo": heads[:, 4],
+            "alpha_target": ALPHA_TARGET_VALUES[heads[:, 5]],
+            "alpha_speed": heads[:, 6],
+            "alpha_curve": heads[:, 7],
+            "executed": np.array(tr.executed, dtype=bool),
+            "op_mask": op_mask,
+            "n_valid_ops": op_mask.sum(axis=1),
+            "masked_heads": MASKED_HEADS[code],
+            "value": np.array(d.value, dtype=np.float64),
+            "log_prob": np.array(d.log_prob, dtype=np.float64),
+            "op_prob": np.array(d.op_probs[np.arange(n), code], dtype=np.float64),
+        }
+        self.hub.emit_columns(EventColumns(ev.ActionTaken, n, columns))
 
     def _layer_stats(
         self, names: list[str], values: np.ndarray, *, rnd: int, env: int, step: int
