@@ -32,7 +32,7 @@ def test_set_reaches_any_key_typed_like_the_toml() -> None:
     assert cfg.policy.op_prior == {"prune": -3.0, "germinate": 1.0}
     assert cfg.ppo.target_kl is None and cfg.policy.eager.tempo == 3
     entry = _config("--set", "policy.op_prior.germinate=0.5")  # one entry of a mapping
-    assert entry.policy.op_prior == {"prune": -2.0, "germinate": 0.5}
+    assert entry.policy.op_prior == {"prune": -5.0, "germinate": 0.5}
 
 
 def test_set_comes_after_the_config_file(tmp_path: Path) -> None:

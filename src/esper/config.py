@@ -65,8 +65,9 @@ EnvCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENVS)]
 OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
 #: Germination style names as config values (``esper.core.enums.GerminationStyle``).
 StyleName = Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"]
-#: Default exploration prior: see ``docs/training.md`` ("The initial op prior").
-DEFAULT_OP_PRIOR: dict[OpName, float] = {"prune": -2.0}
+#: Default exploration prior: PPO starts as an eager grower that rarely prunes (see
+#: ``docs/training.md``, "The initial op prior" and "What a default run learns").
+DEFAULT_OP_PRIOR: dict[OpName, float] = {"prune": -5.0, "germinate": 3.0}
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -94,7 +95,8 @@ class TaskConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    base_channels: Positive = 16
+    #: CNN width: 4 channels (a host seeds can improve; at 16 it reaches 97 % alone).
+    base_channels: Positive = 4
     n_blocks: Positive = 3
     #: CNN: each block's width (its length is the depth); empty: ``base_channels * 2**i``
     #: for ``n_blocks`` blocks.
@@ -103,13 +105,14 @@ class HostConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
     d_model: Positive = 64
     n_heads: Positive = 4
     n_layers: Positive = 2
-    #: Slot ids to enable (empty: every slot the host offers).
-    slots: list[str] = msgspec.field(default_factory=list)
+    #: Slot ids to enable. Unset: the host topology's recommended slots
+    #: (``RECOMMENDED_SLOTS``: a CNN's ``r0c0`` and ``r1c0``); empty: every slot it offers.
+    slots: list[str] | None = None
     max_seeds: Positive = 3
     strict_gates: bool = False
     #: Seeds pass their gates on their own once the gates' timing rules are met
     #: (growth is one GERMINATE decision; prune, retarget and fossilize stay the policy's).
-    auto_advance: bool = False
+    auto_advance: bool = True
     #: Host training: SGD on the host (and fossilized seeds), one SGD per live seed.
     lr: PositiveFloat = HOST_LR
     momentum: Fraction = HOST_MOMENTUM
@@ -143,21 +146,23 @@ class PolicyConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     lstm_hidden: Positive = 128
     blueprint_embed_dim: Positive = 4
     compile: bool = False
-    #: Blueprints every policy may germinate (masked otherwise); empty: all the host offers.
-    blueprints: list[str] = msgspec.field(default_factory=list)
+    #: Blueprints every policy may germinate (masked otherwise). Unset: the host
+    #: topology's recommended ones (``RECOMMENDED_BLUEPRINTS``: a CNN's ``conv_heavy``);
+    #: empty: all the host offers.
+    blueprints: list[str] | None = None
     #: Alpha targets every policy may choose (germination and retarget heads; masked
     #: otherwise); empty: all of ``ALPHA_TARGETS``.
-    alpha_targets: list[float] = msgspec.field(default_factory=list)
+    alpha_targets: list[float] = msgspec.field(default_factory=lambda: [1.0])
     #: Germination styles (style head) and blend tempos in epochs (tempo head) every
     #: policy may choose; empty: all of them (``GerminationStyle``, ``TEMPOS``).
-    styles: list[StyleName] = msgspec.field(default_factory=list)
-    tempos: list[int] = msgspec.field(default_factory=list)
+    styles: list[StyleName] = msgspec.field(default_factory=lambda: ["linear_add"])
+    tempos: list[int] = msgspec.field(default_factory=lambda: [5])
     #: Mask GERMINATE once too few steps remain for a new seed to blend before the
     #: episode ends (it could only cost parameters).
     mask_late_germination: bool = False
     #: Mask PRUNE until a seed has started blending: before that no counterfactual has
     #: measured it, so pruning only throws its training away.
-    prune_after_blending: bool = False
+    prune_after_blending: bool = True
     #: With a host family: the observation carries the host's descriptors (false: the
     #: policy sees the same features as without a family; an ablation).
     observe_host: bool = True
@@ -189,7 +194,7 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     lr: PositiveFloat = 3e-4
     clip: PositiveFloat = 0.2
     gamma: Fraction = 0.995
-    gae_lambda: Fraction = 0.9
+    gae_lambda: Fraction = 1.0
     entropy_coef: NonNegativeFloat = 0.05
     entropy_coef_floor: NonNegativeFloat = 0.01
     #: Rounds over which the entropy coefficient anneals linearly to the floor.
@@ -210,8 +215,8 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
 
 
 class RewardConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    family: RewardFamily = RewardFamily.CONTRIBUTION
-    shaping: bool = True
+    family: RewardFamily = RewardFamily.ACCURACY
+    shaping: bool = False
     terminal: bool = True
     anti_gaming: bool = True
     stage_shaping_weight: NonNegativeFloat = 0.3

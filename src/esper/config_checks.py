@@ -60,7 +60,7 @@ def validate(cfg: Config) -> Config:
             f"(--data-path PATH), {what}; nothing is downloaded at run time"
         )
     _check_family(cfg)
-    _check_blueprint_names(cfg.policy.blueprints, "blueprints")
+    _check_blueprint_names(cfg.policy.blueprints or [], "blueprints")
     _check_menus(cfg.policy)
     _validate_heuristic(cfg.policy)
     if cfg.policy.mask_late_germination and cfg.run.episode_length < GERMINATE_MIN_STEPS_LEFT:

@@ -290,4 +290,4 @@ def test_pairing_facts_are_the_hosts_not_where_the_data_lies(runs: tuple[Path, P
     assert pairing_differences(ref, dataclasses.replace(ref, config=moved)) == []
     wider = {**config, "host": {**config["host"], "base_channels": 32}}
     diffs = pairing_differences(ref, dataclasses.replace(ref, config=wider))
-    assert diffs == ["host.base_channels 32 vs 16"]
+    assert diffs == ["host.base_channels 32 vs 4"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import torch
+from _machinery import machinery_config
 
 from esper.config import HostConfig, TaskConfig
 from esper.core.enums import GerminationStyle, Initiator, SeedStage, TaskName, Topology
@@ -26,8 +28,17 @@ TEXT_SPEC = TaskSpec(
     random_guess_loss=math.log(256),
     is_lm=True,
 )
-TINY_CNN = HostConfig(base_channels=4, n_blocks=3, max_seeds=8)
-TINY_TRANSFORMER = HostConfig(d_model=16, n_heads=2, n_layers=4, max_seeds=8)
+#: The whole action space's host settings (every slot; gates wait for ADVANCE).
+MACHINERY_HOST = machinery_config().host
+
+
+def host_config(**changes: object) -> HostConfig:
+    """:data:`MACHINERY_HOST` (16-channel CNN) with ``changes``."""
+    return msgspec.structs.replace(MACHINERY_HOST, **changes)
+
+
+TINY_CNN = host_config(base_channels=4, n_blocks=3, max_seeds=8)
+TINY_TRANSFORMER = host_config(d_model=16, n_heads=2, n_layers=4, max_seeds=8)
 #: Gradient values that every seed counts as healthy (norm 1 -> per-param RMS ~1e-2).
 HEALTHY_NORM = 1.0
 

@@ -11,11 +11,12 @@ from _model_support import (
     TINY_TRANSFORMER,
     drive_to,
     germinate,
+    host_config,
     perturb_seed,
     sample_input,
 )
 
-from esper.config import HostConfig, TaskConfig
+from esper.config import TaskConfig
 from esper.core.constants import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS
 from esper.core.enums import GerminationStyle, Initiator, SeedStage, TaskName, Topology
 from esper.data.tasks import task_spec
@@ -23,17 +24,17 @@ from esper.model import DEFAULT_REGISTRY, build_model
 
 
 def test_cnn_geometry_for_digits_and_32px_images() -> None:
-    digits = build_model(HostConfig(), DIGITS_SPEC, seed=0)
+    digits = build_model(host_config(), DIGITS_SPEC, seed=0)
     assert digits.topology == Topology.CNN
     assert digits.slot_ids == ("r0c0", "r1c0", "r0c1", "r1c1", "r0c2")
     assert [digits.slot(s).width for s in digits.slot_ids] == [16, 16, 32, 32, 64]
     assert digits(torch.randn(2, 1, 8, 8)).shape == (2, 10)
-    image = build_model(HostConfig(base_channels=8, n_blocks=4), IMAGE32_SPEC, seed=0)
+    image = build_model(host_config(base_channels=8, n_blocks=4), IMAGE32_SPEC, seed=0)
     # 32 -> 16 -> 8 -> 4: a pool after each block but the last.
     assert image.slot_ids == ("r0c0", "r1c0", "r0c1", "r1c1", "r0c2", "r1c2", "r0c3")
     assert image(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     # Pools stop once the map would drop below 2x2: 8 -> 4 -> 2, then no more.
-    deep = build_model(HostConfig(base_channels=4, n_blocks=5), DIGITS_SPEC, seed=0)
+    deep = build_model(host_config(base_channels=4, n_blocks=5), DIGITS_SPEC, seed=0)
     assert deep.slot_ids == ("r0c0", "r1c0", "r0c1", "r1c1", "r0c2", "r0c3", "r0c4")
     assert deep(torch.randn(2, 1, 8, 8)).shape == (2, 10)
 
@@ -57,8 +58,8 @@ def test_transformer_geometry_and_causality() -> None:
 def test_same_seed_same_weights_and_no_global_rng_use() -> None:
     torch.manual_seed(1234)
     before = torch.random.get_rng_state()
-    a = build_model(HostConfig(), DIGITS_SPEC, seed=5)
-    b = build_model(HostConfig(), DIGITS_SPEC, seed=5)
+    a = build_model(host_config(), DIGITS_SPEC, seed=5)
+    b = build_model(host_config(), DIGITS_SPEC, seed=5)
     for m in (a, b):
         m.germinate(
             "r0c1",
@@ -74,12 +75,12 @@ def test_same_seed_same_weights_and_no_global_rng_use() -> None:
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    c = build_model(HostConfig(), DIGITS_SPEC, seed=6)
+    c = build_model(host_config(), DIGITS_SPEC, seed=6)
     assert not torch.equal(c.host.segments[0][0].weight, a.host.segments[0][0].weight)
 
 
 def test_slot_subset_and_errors() -> None:
-    model = build_model(HostConfig(slots=["r0c2", "r0c0"]), DIGITS_SPEC, seed=0)
+    model = build_model(host_config(slots=["r0c2", "r0c0"]), DIGITS_SPEC, seed=0)
     assert model.slot_ids == ("r0c0", "r0c2")  # host order
     assert model.eval().fused_forward(torch.randn(1, 1, 8, 8), torch.zeros(3, 2)).shape == (
         3,
@@ -87,9 +88,9 @@ def test_slot_subset_and_errors() -> None:
         10,
     )
     with pytest.raises(ValueError, match="unknown slot"):
-        build_model(HostConfig(slots=["r9c9"]), DIGITS_SPEC, seed=0)
+        build_model(host_config(slots=["r9c9"]), DIGITS_SPEC, seed=0)
     with pytest.raises(ValueError, match="divisible"):
-        build_model(HostConfig(d_model=10, n_heads=3), TEXT_SPEC, seed=0)
+        build_model(host_config(d_model=10, n_heads=3), TEXT_SPEC, seed=0)
     with pytest.raises(KeyError, match="unknown slot"):
         model.advance("r1c0", initiator=Initiator.POLICY)
 
@@ -103,6 +104,6 @@ def test_registry_covers_the_action_space() -> None:
 
 
 def test_strict_gates_from_config_and_task_specs() -> None:
-    model = build_model(HostConfig(strict_gates=True), DIGITS_SPEC, seed=0)
+    model = build_model(host_config(strict_gates=True), DIGITS_SPEC, seed=0)
     assert model.strict_gates and all(model.slot(s).strict for s in model.slot_ids)
     assert task_spec(TaskConfig(name=TaskName.CIFAR10, data_path="x")).input_shape == (3, 32, 32)

@@ -7,9 +7,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from _model_support import TEXT_SPEC, TINY_TRANSFORMER, drive_to, germinate
+from _model_support import TEXT_SPEC, TINY_TRANSFORMER, drive_to, germinate, host_config
 
-from esper.config import HostConfig, TaskConfig
+from esper.config import TaskConfig
 from esper.core.constants import HOST_LR, HOST_MOMENTUM, HOST_WEIGHT_DECAY, SEED_LR
 from esper.core.enums import GerminationStyle, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
@@ -40,7 +40,7 @@ def _evaluate(model, batches) -> float:
 
 def test_cnn_with_a_seed_in_every_slot_learns_digits() -> None:
     data = load_task(TaskConfig(), seed=0)
-    model = build_model(HostConfig(max_seeds=5), data.spec, seed=0)
+    model = build_model(host_config(max_seeds=5), data.spec, seed=0)
     for slot, (bp, style, stage) in zip(model.slot_ids, CNN_PLAN, strict=True):
         germinate(model, slot, bp, style, tempo=3)
         drive_to(model, slot, stage, acc=10.0)

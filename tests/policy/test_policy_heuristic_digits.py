@@ -7,10 +7,12 @@ decided by the seed's actual effect. Deterministic: two runs give the same decis
 
 from __future__ import annotations
 
+import msgspec
 import torch
 import torch.nn.functional as F
+from _machinery import machinery_config
 
-from esper.config import HostConfig, PolicyConfig, TaskConfig
+from esper.config import PolicyConfig, TaskConfig
 from esper.core.constants import HOST_LR, HOST_MOMENTUM, HOST_WEIGHT_DECAY, SEED_LR
 from esper.core.enums import Initiator, LifecycleOp, PruneReason, SeedStage
 from esper.data.tasks import TaskData, load_task
@@ -24,7 +26,8 @@ from esper.policy.signals import SignalTracker
 
 MAX_EPOCHS = 50
 BATCH = 64
-HOST = HostConfig(max_seeds=2)  # the default CNN host; learns digits in a few epochs
+#: The 16-channel CNN host of the whole action space; learns digits in a few epochs.
+HOST = msgspec.structs.replace(machinery_config().host, max_seeds=2)
 BLENDED = (SeedStage.BLENDING, SeedStage.HOLDING, SeedStage.FOSSILIZED)
 
 

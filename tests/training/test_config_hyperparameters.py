@@ -12,7 +12,9 @@ import re
 import msgspec
 import pytest
 import torch
+from _machinery import machinery_config
 from _reward_support import reward_inputs as _inputs
+from msgspec.structs import replace
 
 from esper.config import GovernorConfig, HostConfig, RewardConfig, TelemetryConfig
 from esper.core.enums import AnomalyKind, LifecycleOp, SeedStage, TaskName, Topology
@@ -57,8 +59,9 @@ def test_host_optimizer_settings_come_from_the_host_section() -> None:
 def test_reward_weights_come_from_the_reward_section(
     key: str, value: float, inputs: dict[str, object], component: str
 ) -> None:
-    default = compute_reward(_inputs(**inputs), RewardConfig(), gamma=GAMMA)
-    custom = compute_reward(_inputs(**inputs), RewardConfig(**{key: value}), gamma=GAMMA)
+    spec = machinery_config().reward  # the contribution family, with per-op shaping
+    default = compute_reward(_inputs(**inputs), spec, gamma=GAMMA)
+    custom = compute_reward(_inputs(**inputs), replace(spec, **{key: value}), gamma=GAMMA)
     assert getattr(custom, component) != getattr(default, component)
     if key == "alpha_shock_weight":
         assert custom.alpha_shock == pytest.approx(-2.0 * (0.75 - 0.25))
@@ -69,10 +72,11 @@ def test_reward_weights_come_from_the_reward_section(
 def test_attribution_weights_come_from_the_reward_section() -> None:
     seed = SlotReport(slot_id="s0", stage=SeedStage.BLENDING, seed_id="x", alpha=1.0)
     inp = _inputs(slot_after=seed, contribution_pp=2.0, progress_pp=5.0)
-    br = compute_reward(inp, RewardConfig(attribution_weight=0.5), gamma=GAMMA)
+    spec = machinery_config().reward
+    br = compute_reward(inp, replace(spec, attribution_weight=0.5), gamma=GAMMA)
     assert br.attribution == pytest.approx(1.0)
     harm = _inputs(slot_after=seed, contribution_pp=-2.0, progress_pp=5.0)
-    assert compute_reward(harm, RewardConfig(harm_weight=1.0), gamma=GAMMA).attribution == -2.0
+    assert compute_reward(harm, replace(spec, harm_weight=1.0), gamma=GAMMA).attribution == -2.0
 
 
 def test_reward_normaliser_clip_is_configurable() -> None:
@@ -163,7 +167,7 @@ def test_bad_heuristic_settings_are_named(key: str, value: object, message: str)
     from esper.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        config_from_dict({"policy": {"kind": "heuristic", key: value}})
+        config_from_dict({"policy": {"kind": "heuristic", **FULL_MENUS, key: value}})
 
 
 @pytest.mark.parametrize(
@@ -185,7 +189,7 @@ def test_bad_eager_settings_are_named(
     from esper.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        config_from_dict({"policy": {"kind": "eager", "eager": eager, **menus}})
+        config_from_dict({"policy": {"kind": "eager", "eager": eager, **FULL_MENUS, **menus}})
 
 
 def test_a_menu_binds_only_the_policy_that_runs() -> None:
@@ -232,6 +236,36 @@ def test_torch_threads_zero_shares_the_usable_cores_among_local_processes(
     assert intra_op_threads(0) == 1
 
 
+#: Every blueprint, style, tempo and alpha target (the defaults narrow them).
+FULL_MENUS = {"blueprints": [], "styles": [], "tempos": [], "alpha_targets": []}
+
+
+def test_unset_slots_and_blueprints_are_the_host_topologys_recommended_ones() -> None:
+    """Unset: a CNN offers r0c0 and r1c0 and conv_heavy, a transformer every slot and
+    blueprint; ``[]``: everything the host offers."""
+    from esper.config import config_from_dict
+    from esper.core.constants import CNN_BLUEPRINTS, RECOMMENDED_SLOTS
+    from esper.data.tasks import load_task
+    from esper.training.loop.run_setup import action_space_for
+
+    cfg = config_from_dict({})
+    assert cfg.host.slots is None and cfg.policy.blueprints is None
+    data = load_task(cfg.task, seed=0)
+    space = action_space_for(cfg, data)
+    assert space.slot_ids == RECOMMENDED_SLOTS[Topology.CNN] == ("r0c0", "r1c0")
+    assert space.blueprints == ("conv_heavy",) and sum(space.blueprint_valid) == 1
+    every = action_space_for(
+        config_from_dict({"host": {"slots": []}, "policy": {"blueprints": []}}), data
+    )
+    assert len(every.slot_ids) == 5 and sum(every.blueprint_valid) == len(CNN_BLUEPRINTS)
+    text = TaskSpec(
+        name=TaskName.TEXT, topology=Topology.TRANSFORMER, input_shape=(8,), num_classes=256,
+        random_guess_loss=math.log(256), is_lm=True,
+    )  # fmt: skip
+    small = HostConfig(d_model=16, n_heads=2, n_layers=3)
+    assert build_model(small, text, seed=0).slot_ids == ("r0c0", "r0c1", "r0c2")
+
+
 def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
     """The menu reaches the action space (masks, hence PPO, heuristic and random)."""
     from esper.config import config_from_dict
@@ -245,7 +279,8 @@ def test_policy_blueprints_mask_the_blueprint_head_for_every_policy() -> None:
     space = action_space_for(cfg, data)
     offered = {name for name, ok in zip(ALL_BLUEPRINTS, space.blueprint_valid, strict=True) if ok}
     assert offered == {"conv_heavy", "norm"}
-    assert sum(action_space_for(config_from_dict({}), data).blueprint_valid) > len(offered)
+    full = action_space_for(config_from_dict({"policy": FULL_MENUS}), data)
+    assert sum(full.blueprint_valid) > len(offered)
     transformer_only = config_from_dict({"policy": {"blueprints": ["lora"]}})
     with pytest.raises(ConfigError, match=re.escape("$.policy.blueprints: none of the blueprints")):
         action_space_for(transformer_only, data)
@@ -270,7 +305,7 @@ def test_policy_alpha_targets_mask_the_alpha_head() -> None:
     from esper.policy.masks import compute_masks
     from esper.training.loop.run_setup import action_space_for
 
-    cfg = config_from_dict({"policy": {"alpha_targets": [1.0]}})
+    cfg = config_from_dict({"policy": {**FULL_MENUS, "alpha_targets": [1.0]}})
     data = load_task(cfg.task, seed=0)
     space = action_space_for(cfg, data)
     assert space.alpha_target_valid == (False, False, True)
@@ -278,7 +313,7 @@ def test_policy_alpha_targets_mask_the_alpha_head() -> None:
     masks = compute_masks(reports, space, max_seeds=3, device="cpu")
     assert masks.alpha_target.tolist() == [[False, False, True]] * 2
     assert masks.blueprint.shape[0] == 2 and masks.tempo.all()
-    full = action_space_for(config_from_dict({}), data)
+    full = action_space_for(config_from_dict({"policy": FULL_MENUS}), data)
     assert compute_masks(reports, full, max_seeds=3, device="cpu").alpha_target.all()
 
 
@@ -291,7 +326,8 @@ def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
     from esper.policy.masks import compute_masks
     from esper.training.loop.run_setup import action_space_for
 
-    cfg = config_from_dict({"policy": {"styles": ["linear_add", "gated_gate"], "tempos": [5]}})
+    menus = {"styles": ["linear_add", "gated_gate"], "tempos": [5]}
+    cfg = config_from_dict({"policy": {**FULL_MENUS, **menus}})
     data = load_task(cfg.task, seed=0)
     space = action_space_for(cfg, data)
     assert space.styles == (GerminationStyle.LINEAR_ADD, GerminationStyle.GATED_GATE)
@@ -301,7 +337,10 @@ def test_policy_style_and_tempo_menus_mask_their_heads() -> None:
     assert masks.tempo.tolist() == [[False, True, False]] * 2
     assert masks.alpha_target.all() and masks.alpha_speed.all()
     full = compute_masks(
-        reports, action_space_for(config_from_dict({}), data), max_seeds=3, device="cpu"
+        reports,
+        action_space_for(config_from_dict({"policy": FULL_MENUS}), data),
+        max_seeds=3,
+        device="cpu",
     )
     assert full.style.all() and full.tempo.all()
 

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from _machinery import machinery_config
 
 from esper.config import Config, with_overrides
 from esper.core.enums import (
@@ -64,7 +65,7 @@ HEALTHY_NORM = 0.5
 
 @pytest.fixture(scope="module")
 def digits() -> tuple[Config, TaskData]:
-    cfg = with_overrides(Config(), {"run.n_envs": N_ENVS, "task.name": "digits"})
+    cfg = machinery_config({"run.n_envs": N_ENVS, "task.name": "digits"})
     return cfg, load_task(cfg.task, seed=0)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import msgspec
 import pytest
+from _machinery import machinery_config
 from _reward_support import reward_inputs as _inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,8 +23,15 @@ from esper.training.envs.rewards import RewardInputs, SeedCredit, compute_reward
 from esper.training.run import train
 
 GAMMA = 0.995
+
+
 #: The default reward weights (``[reward]``), which these tests check against.
-R = RewardConfig()
+def reward_config(**changes: object) -> RewardConfig:
+    """The spec's reward (contribution family, per-op shaping) with ``changes``."""
+    return msgspec.structs.replace(machinery_config().reward, **changes)
+
+
+R = reward_config()
 
 
 def _seed(stage: SeedStage = SeedStage.BLENDING, alpha: float = 1.0, age: int = 12) -> SlotReport:
@@ -95,7 +104,7 @@ def reward_inputs(draw: st.DrawFn) -> RewardInputs:
 def test_total_is_the_sum_of_components_for_every_family(
     inp: RewardInputs, family: RewardFamily, shaping: bool, terminal: bool, anti_gaming: bool
 ) -> None:
-    cfg = RewardConfig(family=family, shaping=shaping, terminal=terminal, anti_gaming=anti_gaming)
+    cfg = reward_config(family=family, shaping=shaping, terminal=terminal, anti_gaming=anti_gaming)
     br = compute_reward(inp, cfg, gamma=GAMMA)
     assert br.total == _components_sum(br)
     assert all(math.isfinite(getattr(br, n)) for n in REWARD_COMPONENTS)
@@ -110,7 +119,7 @@ def test_total_is_the_sum_of_components_for_every_family(
         assert br.alpha_shock == 0.0
 
 
-CFG = RewardConfig()
+CFG = reward_config()
 
 
 def test_positive_contribution_gives_positive_attribution() -> None:
@@ -136,7 +145,7 @@ def test_anti_gaming_caps_credit_by_progress_and_alpha() -> None:
     tiny_alpha = _inputs(slot_after=_seed(alpha=0.05), contribution_pp=4.0, progress_pp=4.0)
     small = compute_reward(tiny_alpha, CFG, gamma=GAMMA).attribution
     assert small == pytest.approx(R.attribution_weight * 4.0 * 0.05 / R.full_credit_alpha)
-    off = RewardConfig(anti_gaming=False)
+    off = reward_config(anti_gaming=False)
     assert compute_reward(no_progress, off, gamma=GAMMA).attribution == pytest.approx(0.4)
 
 
@@ -204,7 +213,7 @@ def test_alpha_shock_penalises_only_large_jumps() -> None:
 
 
 def test_loss_family_rewards_loss_improvement() -> None:
-    cfg = RewardConfig(family=RewardFamily.LOSS)
+    cfg = reward_config(family=RewardFamily.LOSS)
     better = compute_reward(_inputs(prev_val_loss=1.0, val_loss=0.8), cfg, gamma=GAMMA)
     worse = compute_reward(_inputs(prev_val_loss=0.8, val_loss=1.0), cfg, gamma=GAMMA)
     assert better.loss_delta == pytest.approx(R.loss_delta_weight * 0.2 / math.log(10))
@@ -216,7 +225,7 @@ def test_loss_family_rewards_loss_improvement() -> None:
 
 
 def test_sparse_family_pays_only_at_the_end() -> None:
-    cfg = RewardConfig(family=RewardFamily.SPARSE)
+    cfg = reward_config(family=RewardFamily.SPARSE)
     mid = _inputs(op=LifecycleOp.GERMINATE, slot_after=_seed(), contribution_pp=5.0)
     assert compute_reward(mid, cfg, gamma=GAMMA).total == 0.0
     end = compute_reward(_inputs(is_terminal=True, val_acc=70.0), cfg, gamma=GAMMA)
@@ -227,7 +236,7 @@ def test_sparse_family_pays_only_at_the_end() -> None:
 def test_episode_shaping_telescopes_to_zero_whatever_the_end_state(potentials: list[int]) -> None:
     """phi(absorbing end) = 0: with gamma 1 an episode's stage shaping sums to exactly 0,
     so ending with seeds parked in late stages cannot be farmed."""
-    cfg = RewardConfig()
+    cfg = reward_config()
     total = 0.0
     for t in range(1, len(potentials)):
         inp = _inputs(
@@ -242,7 +251,7 @@ def test_episode_shaping_telescopes_to_zero_whatever_the_end_state(potentials: l
 
 # --- accuracy family ----------------------------------------------------------------
 
-ACC = RewardConfig(family=RewardFamily.ACCURACY)
+ACC = reward_config(family=RewardFamily.ACCURACY)
 HOST = 1_702
 
 
@@ -278,7 +287,7 @@ def test_accuracy_family_telescopes_to_final_gain_minus_final_parameter_cost() -
 
 
 def test_accuracy_family_parameter_cost_germinate_pays_prune_refunds() -> None:
-    cfg = RewardConfig(family=RewardFamily.ACCURACY, param_cost_weight=0.5)
+    cfg = reward_config(family=RewardFamily.ACCURACY, param_cost_weight=0.5)
     grow = compute_reward(_inputs(host_params=1000, seed_params=300), cfg, gamma=GAMMA)
     assert grow.rent == pytest.approx(-0.5 * 0.3)
     prune = compute_reward(
@@ -319,7 +328,7 @@ def test_eager_growth_out_earns_the_static_host_iff_it_pays_in_accuracy() -> Non
     """Same host (same first-epoch accuracy): growing earns more than staying static
     exactly when the accuracy gained beats the parameters' cost (break-even
     param_cost_weight / accuracy_weight pp per doubling of the host)."""
-    cfg = RewardConfig(family=RewardFamily.ACCURACY, shaping=False)
+    cfg = reward_config(family=RewardFamily.ACCURACY, shaping=False)
     static = sum(b.total for b in _episode([30.0, 60.0, 72.0], [0, 0, 0], cfg))
     breakeven = cfg.param_cost_weight / cfg.accuracy_weight * 296 / HOST
     for gain in (-0.5, 0.0, 0.5 * breakeven, 1.5 * breakeven, 1.4):

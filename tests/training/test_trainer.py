@@ -351,7 +351,7 @@ def test_op_prior_config_is_strict_and_reaches_the_policy() -> None:
     from esper.training.learning.policy_factory import build_policy, op_prior_logits
 
     assert get_args(OpName) == tuple(op.name.lower() for op in LifecycleOp)  # same order too
-    assert op_prior_logits(Config()) == [0.0, 0.0, 0.0, -2.0, 0.0, 0.0]  # default: prune -2
+    assert op_prior_logits(Config()) == [0.0, 3.0, 0.0, -5.0, 0.0, 0.0]  # germinate 3, prune -5
     cfg = with_overrides(Config(), {"policy.op_prior": {"advance": 1.5}})
     assert op_prior_logits(cfg) == [0.0, 0.0, 0.0, 0.0, 0.0, 1.5]
     net = build_policy(cfg, ActionSpace(slot_ids=("r0c0", "r1c0"), topology=Topology.CNN))

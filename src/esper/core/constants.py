@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from esper.core.enums import AlphaCurve, BlendOp, GerminationStyle, LifecycleOp, SeedStage
+from esper.core.enums import AlphaCurve, BlendOp, GerminationStyle, LifecycleOp, SeedStage, Topology
 
 # --- Lifecycle -------------------------------------------------------------------------
 EMBARGO_EPOCHS: Final = 5
@@ -125,6 +125,19 @@ ALL_BLUEPRINTS: Final = (
     "mlp_small",
     "mlp",
 )
+#: What a run may grow when ``host.slots`` / ``policy.blueprints`` are not set, per host
+#: topology (empty: every slot or blueprint the host offers). On the default narrow CNN
+#: only ``conv_heavy`` seeds in the first block's two slots add accuracy, so a policy
+#: that may choose them learns growth that pays (docs/training.md, "What a default run
+#: learns"); nothing has been measured for the transformer, which keeps every choice.
+RECOMMENDED_SLOTS: Final[dict[Topology, tuple[str, ...]]] = {
+    Topology.CNN: ("r0c0", "r1c0"),
+    Topology.TRANSFORMER: (),
+}
+RECOMMENDED_BLUEPRINTS: Final[dict[Topology, tuple[str, ...]]] = {
+    Topology.CNN: ("conv_heavy",),
+    Topology.TRANSFORMER: (),
+}
 LORA_RANK: Final = 8
 LORA_LARGE_RANK: Final = 32
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from esper.config import HostConfig
+from esper.core.constants import RECOMMENDED_SLOTS
 from esper.core.enums import Topology
 from esper.data.tasks import TaskSpec
 from esper.model.hosts import CNNHost, HostNetwork, TransformerHost
@@ -85,10 +86,11 @@ def build_model(
     """Host + slots for ``spec`` (on CPU; move it with ``.to(device)``; with
     ``materialized=False`` the host on the meta device: :func:`build_host`). The slots'
     state lives in row ``row`` of ``table`` (default: a table of its own)."""
+    network = build_host(host, spec, seed=seed, materialized=materialized)
     return MorphogeneticModel(
-        build_host(host, spec, seed=seed, materialized=materialized),
+        network,
         seed=seed,
-        slot_ids=host.slots or None,
+        slot_ids=enabled_slots(host, network),
         max_seeds=host.max_seeds,
         strict_gates=strict_gates or host.strict_gates,
         auto_advance=host.auto_advance,
@@ -96,3 +98,12 @@ def build_model(
         table=table,
         row=row,
     )
+
+
+def enabled_slots(host: HostConfig, network: HostNetwork) -> tuple[str, ...] | None:
+    """The slots a model enables (None: every slot the host offers): ``host.slots``, or
+    where it is unset the recommended slots of the host's topology that it offers."""
+    if host.slots is not None:
+        return tuple(host.slots) or None
+    offered = {p.slot_id for p in network.positions}
+    return tuple(s for s in RECOMMENDED_SLOTS[network.topology] if s in offered) or None

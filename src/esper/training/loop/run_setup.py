@@ -11,6 +11,7 @@ import time
 import torch
 
 from esper.config import Config
+from esper.core.constants import RECOMMENDED_BLUEPRINTS
 from esper.core.enums import GerminationStyle
 from esper.data.tasks import TaskData
 from esper.errors import ConfigError, UserError
@@ -77,7 +78,9 @@ def action_space_for(cfg: Config, data: TaskData) -> ActionSpace:
     except ValueError as exc:  # e.g. host.slots naming a slot this host does not have
         raise ConfigError(f"host: {exc} (task {cfg.task.name.value!r})") from None
     check_family_slots(cfg, data.spec, probe.slot_ids)
-    blueprints = tuple(cfg.policy.blueprints) or None
+    menu = cfg.policy.blueprints
+    chosen = tuple(menu) if menu is not None else RECOMMENDED_BLUEPRINTS[probe.topology]
+    blueprints = chosen or None
     try:
         return ActionSpace(
             slot_ids=probe.slot_ids,
