@@ -63,6 +63,10 @@ MAX_ENVS = 1024
 EnvCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENVS)]
 #: Lifecycle op names as config keys (``esper.core.enums.LifecycleOp``, lower case).
 OpName = Literal["wait", "germinate", "set_alpha_target", "prune", "fossilize", "advance"]
+#: Action head names as config keys (``esper.core.constants.HEAD_NAMES``).
+HeadName = Literal[
+    "op", "slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve"
+]
 #: Germination style names as config values (``esper.core.enums.GerminationStyle``).
 StyleName = Literal["linear_add", "linear_multiply", "sigmoid_add", "gated_gate"]
 #: Default exploration prior: PPO starts as an eager grower that rarely prunes (see
@@ -199,6 +203,9 @@ class PPOConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True)
     entropy_coef_floor: NonNegativeFloat = 0.01
     #: Rounds over which the entropy coefficient anneals linearly to the floor.
     entropy_anneal_rounds: NonNegative = 0
+    #: Weight of each head's entropy in the bonus (unnamed heads 1): e.g. ``{slot = 5.0}``
+    #: keeps exploring where to grow while the op head sharpens.
+    head_entropy_weights: dict[HeadName, NonNegativeFloat] = msgspec.field(default_factory=dict)
     value_coef: NonNegativeFloat = 1.0
     max_grad_norm: PositiveFloat = 5.0
     target_kl: PositiveFloat | None = 0.015

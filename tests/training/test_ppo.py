@@ -336,3 +336,18 @@ def test_learning_rate_schedule_anneals_to_the_final_fraction() -> None:
     )
     *_, buf, upd2 = _random_context_rollout(8, 4, lr=1e-3, lr_anneal_rounds=4)
     assert upd2.update(buf, round_index=2, total_rounds=4).lr == pytest.approx(0.55e-3)
+
+
+def test_head_entropy_weights_scale_one_heads_bonus() -> None:
+    """Weights of 1 are the unweighted update exactly; a slot weight changes the step."""
+    from esper.core.constants import HEAD_NAMES
+
+    ones = dict.fromkeys(HEAD_NAMES, 1.0)
+    params = {}
+    for label, weights in (("none", {}), ("ones", ones), ("slot", {"slot": 20.0})):
+        net, _vn, buf, upd = _random_context_rollout(8, 4, head_entropy_weights=weights)
+        m = upd.update(buf, round_index=0, total_rounds=1)
+        assert not m.skipped
+        params[label] = _params(net)
+    assert all(torch.equal(params["none"][k], v) for k, v in params["ones"].items())
+    assert any(not torch.equal(params["none"][k], v) for k, v in params["slot"].items())
