@@ -26,12 +26,14 @@ so two seeds can run side by side as separate processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,19 @@ def save_part(stage: str, seed: int, part: dict[str, Any]) -> None:
     write_results(PARTS_DIR, f"{stage}-s{seed}", part, compact=True)
 
 
+@contextlib.contextmanager
+def _part_lock(stage: str, seed: int) -> Iterator[None]:
+    """An exclusive lock on one part file's read-modify-write: the stages of two
+    variants run at once share ``transfer-s<seed>.json`` (each adds its own runs)."""
+    PARTS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(PARTS_DIR / f".{stage}-s{seed}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _add_runs(stage: str, seed: int, names: Iterable[str], window: range, play: Any) -> None:
     """Play each name's rounds of ``window`` not stored yet; save after every run."""
     part = load_part(stage, seed)
@@ -206,7 +221,10 @@ def _add_runs(stage: str, seed: int, names: Iterable[str], window: range, play: 
         result = play(name, range(min(todo), max(todo) + 1))
         result["episodes"] = [e for e in result["episodes"] if e["round"] not in done]
         runs.append(result)
-        save_part(stage, seed, part)
+        with _part_lock(stage, seed):  # another process may have added its runs meanwhile
+            stored_part = load_part(stage, seed)
+            stored_part["runs"][name] = runs
+            save_part(stage, seed, stored_part)
         print(f"{stage} {name} seed {seed} rounds {todo[0]}-{todo[-1]}: "
               f"{result['wall_s']:.0f} s", flush=True)  # fmt: skip
 
