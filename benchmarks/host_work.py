@@ -114,7 +114,7 @@ TOP_LOOPS = 10
 #: A worker run gets this long (a hang, not a slow machine, should stop the script).
 WORKER_TIMEOUT_S = 3600
 #: Parts of a tree an export needs (src is required).
-TREE_PARTS = ("src", "analysis", "benchmarks")
+TREE_PARTS = ("src", "analysis", "benchmarks", "configs")
 #: The summary table: (heading, path into a result row).
 COLUMNS = (
     ("variant", ("variant",)),
@@ -298,7 +298,8 @@ def working_tree() -> Tree:
 
 
 def export_tree(ref: str, into: Path) -> Tree:
-    """``ref``'s src, analysis and benchmarks, extracted from ``git archive`` into ``into``."""
+    """``ref``'s src, analysis, benchmarks and configs (the workloads' base), extracted
+    from ``git archive`` into ``into``."""
     bad = f"--ref {ref}: not a commit of {C.REPO_ROOT}"
     commit = _git("rev-parse", "--verify", "--short", f"{ref}^{{commit}}", usage=bad)
     present = _git("ls-tree", "--name-only", commit).split()
