@@ -1,7 +1,7 @@
 """The realistic event mix of ``emit.py`` and ``writer.py``: a real normal-level run's events.
 
 A short real trainer run (digits preset, 4 envs, level ``normal``) is recorded into a
-:class:`~esper.telemetry.hub.MemoryHub`, so the mix, the payloads (config JSON, lists,
+:class:`~esper.telemetry.memory_hub.MemoryHub`, so the mix, the payloads (config JSON, lists,
 NaNs) and the proportions are exactly what ``train()`` emits: env_step, action_taken,
 reward_computed and counterfactual_computed dominate. Benchmarks then emit *unstamped
 copies* of those events, cycling through the recorded sequence: a hub refuses an event
@@ -21,7 +21,8 @@ import msgspec
 
 from esper.core.enums import TelemetryLevel
 from esper.telemetry.events import EVENT_LEVELS, Event, event_tag
-from esper.telemetry.hub import UNSTAMPED_SEQ, MemoryHub
+from esper.telemetry.hub import UNSTAMPED_SEQ
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.run import train
 
 #: The run whose events make the mix (small: a few seconds).

@@ -46,7 +46,7 @@ from esper.core.constants import CNN_BLUEPRINTS
 from esper.core.enums import TelemetryLevel
 from esper.data.tasks import TaskData, load_task
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.loop.evaluate import evaluate
 from esper.training.run import train
 

@@ -44,7 +44,7 @@ from esper.config import Config, load_config, with_overrides
 from esper.core.enums import TelemetryLevel
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.run import train
 
 POLICIES = ("ppo", "heuristic", "eager", "random", "static")

@@ -274,7 +274,7 @@ def test_rollback_penalty_lands_on_the_penalized_reward_event(
     from esper.config import load_config, with_overrides
     from esper.core.enums import TelemetryLevel
     from esper.telemetry.events import REWARD_COMPONENTS
-    from esper.telemetry.hub import MemoryHub
+    from esper.telemetry.memory_hub import MemoryHub
     from esper.training.loop.faults import Fault, FaultKind, FaultPlan
     from esper.training.run import train
 

@@ -192,7 +192,7 @@ def test_a_completed_round_not_yet_saved_is_saved_on_error(tmp_path: Path) -> No
     round 2's end state (not the partial round 3), and the ledger says so."""
     from esper.config import load_config, with_overrides
     from esper.core.enums import TelemetryLevel
-    from esper.telemetry.hub import MemoryHub
+    from esper.telemetry.memory_hub import MemoryHub
     from esper.training.loop.faults import Fault, FaultKind, FaultPlan, InjectedDataError
     from esper.training.run import CheckpointLedger, train
 

@@ -18,7 +18,7 @@ NAN_ENV = 0
 def events(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
     from esper.config import load_config, with_overrides
     from esper.core.enums import TelemetryLevel
-    from esper.telemetry.hub import MemoryHub
+    from esper.telemetry.memory_hub import MemoryHub
     from esper.training.loop.faults import Fault, FaultKind, FaultPlan
     from esper.training.run import train
 

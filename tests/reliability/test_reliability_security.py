@@ -20,7 +20,8 @@ from _reliability_support import assert_user_error, run_esper, train_args, write
 from esper.cli import main as esper_main
 from esper.config import load_config, with_overrides
 from esper.errors import CheckpointError, UserError
-from esper.telemetry.hub import MemoryHub, open_run
+from esper.telemetry.hub import open_run
+from esper.telemetry.memory_hub import MemoryHub
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
 from esper.training.loop.checkpoint import CHECKPOINT_FORMAT, compat_fingerprint, load_checkpoint
 

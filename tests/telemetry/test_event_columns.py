@@ -16,8 +16,9 @@ from esper.telemetry import events as ev
 from esper.telemetry.emit_log import EmitLogHub
 from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import EVENT_TYPES, Event
-from esper.telemetry.hub import MemoryHub, NullHub, open_run
+from esper.telemetry.hub import NullHub, open_run
 from esper.telemetry.manifest import read_manifest
+from esper.telemetry.memory_hub import MemoryHub
 from esper.telemetry.paths import manifest_path
 
 #: Edge-value variants per type (every variant of :func:`edge_event`).

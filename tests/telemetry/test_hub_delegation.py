@@ -7,7 +7,8 @@ from pathlib import Path
 from esper.core.enums import TelemetryLevel
 from esper.telemetry import events as ev
 from esper.telemetry.emit_log import EmitLogHub
-from esper.telemetry.hub import DelegatingHub, Hub, MemoryHub, StampingHub
+from esper.telemetry.hub import DelegatingHub, Hub, StampingHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.loop.distributed import RankHub
 
 

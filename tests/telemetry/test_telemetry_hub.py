@@ -10,8 +10,9 @@ from _telemetry_support import all_seqs, minimal_event, read_type
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub, NullHub, TelemetryHub, open_run
+from esper.telemetry.hub import NullHub, TelemetryHub, open_run
 from esper.telemetry.manifest import read_manifest
+from esper.telemetry.memory_hub import MemoryHub
 from esper.telemetry.paths import manifest_path
 from esper.telemetry.writer import TelemetryWriteError
 

@@ -17,7 +17,7 @@ import pytest
 from esper.config import Config
 from esper.core.enums import TelemetryLevel
 from esper.telemetry.events import CheckpointSaved
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.loop.checkpoint import load_checkpoint
 from esper.training.loop.recorder import Recorder
 from esper.training.run import CheckpointLedger, _Saver

@@ -9,7 +9,7 @@ from esper.config import Config, with_overrides
 from esper.core.enums import TelemetryLevel
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.run import train
 
 

@@ -18,7 +18,7 @@ from esper.core.enums import AmpMode, Initiator, LifecycleOp, RollbackReason, Te
 from esper.data.tasks import load_task
 from esper.policy.actions import DecodedAction, encode_action
 from esper.telemetry.events import REWARD_COMPONENTS, GovernorRollback, event_tag
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.envs.counterfactual import Attribution
 from esper.training.envs.env_results import Epoch, PhaseTimes, Rollback, Transitions
 from esper.training.envs.host_envs import HostEnvs

@@ -18,7 +18,7 @@ from esper.core.records import SlotReport
 from esper.data.tasks import load_task
 from esper.policy.features import build_features
 from esper.policy.signals import SignalTracker
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.learning.buffer import RolloutBuffer
 from esper.training.run import train
 

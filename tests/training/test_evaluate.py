@@ -19,7 +19,7 @@ from esper.core.enums import Initiator
 from esper.data.tasks import load_task
 from esper.errors import CheckpointError, ConfigError, UserError
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.envs.host_envs import HostEnvs
 from esper.training.learning.learner import Learner
 from esper.training.learning.policy_factory import build_policy

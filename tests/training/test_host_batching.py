@@ -32,7 +32,7 @@ from esper.core.enums import (
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData, load_task
 from esper.telemetry.events import event_tag
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.envs.action_execution import sync_seed_optimizers
 from esper.training.envs.env_factory import EnvFactory
 from esper.training.envs.env_state import EnvState

@@ -30,7 +30,7 @@ from esper.policy.features import (
     obs_dim,
 )
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.envs.env_factory import EnvFactory, member_host
 from esper.training.envs.host_envs import HostEnvs
 from esper.training.loop.run_setup import action_space_for

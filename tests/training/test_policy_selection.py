@@ -14,7 +14,7 @@ from esper.cli import main as esper_main
 from esper.config import Config, with_overrides
 from esper.core.enums import PolicyKind, TelemetryLevel
 from esper.telemetry import events as ev
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.run import train
 
 TINY = ("--envs", "2", "--rounds", "1", "--episode-length", "4", "--seed", "0", "--no-progress")

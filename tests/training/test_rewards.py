@@ -18,7 +18,7 @@ from esper.core.records import SlotReport
 from esper.data.tasks import load_task
 from esper.telemetry import events as ev
 from esper.telemetry.events import REWARD_COMPONENTS, RewardComputed
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.envs.rewards import RewardInputs, SeedCredit, compute_reward, env_potential
 from esper.training.run import train
 

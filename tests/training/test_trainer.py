@@ -13,7 +13,7 @@ from esper.config import Config, with_overrides
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.data.tasks import load_task
 from esper.telemetry.events import EVENT_LEVELS, REWARD_COMPONENTS, event_tag
-from esper.telemetry.hub import MemoryHub
+from esper.telemetry.memory_hub import MemoryHub
 from esper.training.loop.faults import Fault, FaultKind, FaultPlan, InjectedDataError
 from esper.training.run import train
 

@@ -11,7 +11,8 @@ manifest) happens in the writer thread (:mod:`esper.telemetry.writer`).
 
 Three implementations share the :class:`Hub` interface: :class:`TelemetryHub` (the
 real one, from :func:`open_run`), :class:`NullHub` (level ``off``: writes nothing at
-all) and :class:`MemoryHub` (keeps stamped events in a list, for tests).
+all) and :class:`~esper.telemetry.memory_hub.MemoryHub` (keeps stamped events in a
+list, for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -446,73 +447,6 @@ class NullHub(StampingHub):
         self, level: TelemetryLevel, *, reason: str, round: int, until_round: int
     ) -> None:
         return None
-
-
-class MemoryHub(StampingHub):
-    """Keeps stamped events in ``events`` (same filtering and stamping as the real hub)."""
-
-    def __init__(
-        self,
-        run_id: str = "memory",
-        *,
-        level: TelemetryLevel = TelemetryLevel.DEBUG,
-        rank: int = 0,
-        start_seq: int = 0,
-    ) -> None:
-        super().__init__(validate_run_id(run_id), level=level, rank=rank, start_seq=start_seq)
-        self.events: list[Event] = []
-        self.status: RunStatus = RunStatus.RUNNING
-        self.error = ""
-        self._lock = threading.Lock()
-
-    def emit(self, event: Event) -> None:
-        try:
-            if _LEVELS[type(event)] > self.level:
-                return
-        except KeyError:
-            raise _unknown_event(event) from None
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
-        if event.seq != UNSTAMPED_SEQ:
-            raise _already_emitted(event)
-        with self._lock:
-            self._stamp_and_store(event)
-
-    def emit_batch(self, events: Sequence[Event]) -> None:
-        if not self._recorded(events):
-            return
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
-        with self._lock:
-            self._stamp_all(events)
-            self.events.extend(events)
-
-    def emit_columns(self, batch: EventColumns) -> None:
-        if not self._columns_recorded(batch):
-            return
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
-        with self._lock:
-            self._stamp_columns(batch)
-            self.events.extend(batch.events())
-
-    def _stamp_and_store(self, event: Event) -> None:
-        self._stamp(event)
-        self.events.append(event)
-
-    def close(self, status: RunStatus = RunStatus.FINISHED, error: str = "") -> None:
-        """Mirror the real hub: a final ``writer_stats`` event, then closed."""
-        if self._closed:
-            return
-        stats = writer_stats_event(WriterCounters(events_written=len(self.events)))
-        with self._lock:
-            self._stamp_and_store(stats)
-        self.status, self.error = status, error
-        self._closed = True
-
-    def of_type(self, cls: type[Event]) -> list[Event]:
-        """The recorded events of one type, in emission order."""
-        return [e for e in self.events if type(e) is cls]
 
 
 def open_run(
