@@ -20,8 +20,7 @@ import _trainer as T
 import msgspec
 
 from esper.core.enums import TelemetryLevel
-from esper.telemetry.events import EVENT_LEVELS, Event, event_tag
-from esper.telemetry.hub import UNSTAMPED_SEQ
+from esper.telemetry.events import EVENT_LEVELS, UNSTAMPED_SEQ, Event, event_tag
 from esper.telemetry.memory_hub import MemoryHub
 from esper.training.run import train
 

@@ -17,8 +17,8 @@ from typing import Final
 
 from esper.core.enums import RunStatus
 from esper.telemetry.event_columns import EventColumns
-from esper.telemetry.events import Event
-from esper.telemetry.hub import UNSTAMPED_SEQ, DelegatingHub, Hub
+from esper.telemetry.events import UNSTAMPED_SEQ, Event
+from esper.telemetry.hub import DelegatingHub, Hub
 
 EMIT_LOG_ENV: Final = "ESPER_EMIT_LOG"
 

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from esper.telemetry.arrow_schema import column_names, event_schema
-from esper.telemetry.events import ENVELOPE_FIELDS, Event
+from esper.telemetry.events import ENVELOPE_FIELDS, UNSTAMPED_SEQ, Event
 
 #: Envelope fields the hub stamps; a producer gives the other envelope fields.
 STAMPED_FIELDS: Final = ("run_id", "seq", "ts_ns", "rank")
@@ -51,7 +51,7 @@ class EventColumns:
         self.n = n
         self.columns = dict(columns)
         self.run_id = ""
-        self.seq = -1
+        self.seq = UNSTAMPED_SEQ
         self.ts_ns = 0
         self.rank = 0
 
@@ -61,7 +61,7 @@ class EventColumns:
 
     def stamp(self, run_id: str, seq: int, ts_ns: int, rank: int) -> None:
         """Give the batch its envelope: ``seq`` .. ``seq + n - 1``, one timestamp."""
-        if self.seq != -1:
+        if self.seq != UNSTAMPED_SEQ:
             raise ValueError(f"{self.cls.__name__} columns were already emitted")
         self.run_id, self.seq, self.ts_ns, self.rank = run_id, seq, ts_ns, rank
 
@@ -87,9 +87,7 @@ class EventColumns:
         if isinstance(value, pa.Array):  # built by the producer (e.g. ragged lists)
             return value if value.type == kind else value.cast(kind)
         if isinstance(value, np.ndarray) and value.ndim == 2:  # rows are the lists
-            offsets = np.arange(0, value.size + 1, max(value.shape[1], 1), dtype=np.int32)
-            if value.shape[1] == 0:
-                offsets = np.zeros(self.n + 1, dtype=np.int32)
+            offsets = np.arange(self.n + 1, dtype=np.int32) * value.shape[1]
             flat = pa.array(value.reshape(-1), type=kind.value_type)
             return pa.ListArray.from_arrays(pa.array(offsets), flat)
         if isinstance(value, np.ndarray | list | tuple) and not _is_list_scalar(value, kind):

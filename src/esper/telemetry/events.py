@@ -25,11 +25,15 @@ from esper.core.enums import TelemetryLevel
 SCHEMA_VERSION: Final = 4
 
 
+#: Envelope value of ``seq`` before the hub stamps an event (or a batch of columns).
+UNSTAMPED_SEQ: Final = -1
+
+
 class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag_field="type"):
     """Envelope shared by every event type."""
 
     run_id: str = ""
-    seq: int = -1
+    seq: int = UNSTAMPED_SEQ
     ts_ns: int = 0
     rank: int = 0
     round: int = -1

@@ -34,7 +34,13 @@ import msgspec
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry.event_columns import EventColumns
-from esper.telemetry.events import EVENT_LEVELS, SCHEMA_VERSION, Event, TelemetryLevelChanged
+from esper.telemetry.events import (
+    EVENT_LEVELS,
+    SCHEMA_VERSION,
+    UNSTAMPED_SEQ,
+    Event,
+    TelemetryLevelChanged,
+)
 from esper.telemetry.lock import RunLock, acquire_run_lock
 from esper.telemetry.manifest import WriterCounters, new_manifest
 from esper.telemetry.paths import resolve_run_dir, validate_run_id
@@ -44,8 +50,6 @@ from esper.telemetry.writer import EventWriter, TelemetryWriteError, writer_stat
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 DEFAULT_QUEUE_CAPACITY: Final = 65536
-#: Envelope value of ``seq`` before stamping; anything else means "already emitted".
-UNSTAMPED_SEQ: Final = -1
 
 _force_setattr = msgspec.structs.force_setattr
 _time_ns = time.time_ns

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry.event_columns import EventColumns
-from esper.telemetry.events import Event
+from esper.telemetry.events import UNSTAMPED_SEQ, Event
 from esper.telemetry.hub import (
     _LEVELS,
-    UNSTAMPED_SEQ,
     StampingHub,
     _already_emitted,
     _unknown_event,
@@ -45,8 +44,7 @@ class MemoryHub(StampingHub):
                 return
         except KeyError:
             raise _unknown_event(event) from None
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        self._check_open()
         if event.seq != UNSTAMPED_SEQ:
             raise _already_emitted(event)
         with self._lock:
@@ -55,8 +53,7 @@ class MemoryHub(StampingHub):
     def emit_batch(self, events: Sequence[Event]) -> None:
         if not self._recorded(events):
             return
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        self._check_open()
         with self._lock:
             self._stamp_all(events)
             self.events.extend(events)
@@ -64,11 +61,14 @@ class MemoryHub(StampingHub):
     def emit_columns(self, batch: EventColumns) -> None:
         if not self._columns_recorded(batch):
             return
-        if self._closed:
-            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
+        self._check_open()
         with self._lock:
             self._stamp_columns(batch)
             self.events.extend(batch.events())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TelemetryWriteError(f"memory hub of run {self.run_id!r} is closed")
 
     def _stamp_and_store(self, event: Event) -> None:
         self._stamp(event)

@@ -330,10 +330,7 @@ class EventWriter:
             files[len(files) - len(tail) :] = [_File(path, first, last, 0, table)]
             while (start := merge_start([f.level for f in files])) is not None:
                 self._merge(tag, files, start)
-        last_item = batch[-1]
-        self.manifest.last_seq = (
-            last_item.last_seq if isinstance(last_item, EventColumns) else last_item.seq
-        )
+        self.manifest.last_seq = _last_seq(batch[-1])
         self.counters.events_written += written
         self.counters.flushes += 1
 
@@ -446,8 +443,11 @@ def _table(cls: type[Event], items: list[Event | EventColumns]) -> tuple[pa.Tabl
     if structs:
         tables.append(events_to_table(cls, structs))
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    first, last = items[0], items[-1]
-    return table, first.seq, last.last_seq if isinstance(last, EventColumns) else last.seq
+    return table, items[0].seq, _last_seq(items[-1])
+
+
+def _last_seq(item: Event | EventColumns) -> int:
+    return item.last_seq if isinstance(item, EventColumns) else item.seq
 
 
 def _held(f: _File) -> bool:

@@ -195,12 +195,9 @@ class PPOUpdater:
             policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True
         )
         self._relevance: Tensor | None = None
-        #: ``ppo.head_entropy_weights`` per head (None: every head 1, no extra kernel).
-        self._entropy_weights = (
-            torch.tensor([cfg.head_entropy_weights.get(h, 1.0) for h in HEAD_NAMES])
-            if cfg.head_entropy_weights
-            else None
-        )
+        #: ``ppo.head_entropy_weights`` per head, on the update's device (unset: every
+        #: head 1, and no extra kernel).
+        self._entropy_weights: Tensor | None = None
 
     # --- Schedules -------------------------------------------------------------------
 
@@ -227,12 +224,14 @@ class PPOUpdater:
 
     # --- Update ----------------------------------------------------------------------
 
-    def _weights_on(self, like: Tensor) -> Tensor:
-        """The head entropy weights on ``like``'s device and dtype (moved once)."""
-        assert self._entropy_weights is not None
-        if self._entropy_weights.device != like.device or self._entropy_weights.dtype != like.dtype:
-            self._entropy_weights = self._entropy_weights.to(like.device, like.dtype)
-        return self._entropy_weights
+    def _entropy_weighted(self, rel: Tensor) -> Tensor:
+        """``rel`` [.., heads] times each head's entropy weight (``rel`` itself when unset)."""
+        if not self.cfg.head_entropy_weights:
+            return rel
+        if self._entropy_weights is None or self._entropy_weights.device != rel.device:
+            weights = [self.cfg.head_entropy_weights.get(h, 1.0) for h in HEAD_NAMES]
+            self._entropy_weights = torch.tensor(weights, dtype=rel.dtype, device=rel.device)
+        return rel * self._entropy_weights
 
     def _relevant(self, actions: Tensor) -> Tensor:
         if self._relevance is None or self._relevance.device != actions.device:
@@ -264,8 +263,7 @@ class PPOUpdater:
         per_head = -torch.minimum(ratio * adv, clipped * adv) * rel
         n_valid = valid.sum().clamp(min=1).to(rel.dtype)
         policy_loss = per_head.sum() / n_valid
-        weighted = rel if self._entropy_weights is None else rel * self._weights_on(rel)
-        entropy_bonus = (out.entropy * weighted).sum() / n_valid
+        entropy_bonus = (out.entropy * self._entropy_weighted(rel)).sum() / n_valid
         sq_err = (out.values - ch.targets[idx]).square() * valid.to(rel.dtype)
         value_loss = VALUE_LOSS_SCALE * sq_err.sum() / n_valid
         loss = policy_loss + self.cfg.value_coef * value_loss - entropy_coef * entropy_bonus
