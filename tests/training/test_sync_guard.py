@@ -29,7 +29,8 @@ from esper.training.loop.run_setup import action_space_for
 N_ENVS = 3
 HORIZON = 3
 #: The step's transfers: the host passes' statistics, the decision, the rewards.
-ONE_PER_PHASE = {"validation": 1, "policy": 1, "action": 1}
+#: The step's statistics and the policy's decision; the rewards never leave the host.
+ONE_PER_PHASE = {"validation": 1, "policy": 1}
 
 
 def _config(**overrides: Any) -> Config:
@@ -126,6 +127,16 @@ def test_the_guard_catches_a_stray_read_and_a_library_check() -> None:
     with SyncGuard(max_transfers={"other": 1}) as guard:
         assert host_copy(t) == [0, 1, 2, 3]
     assert guard.tally.transfers["other"] == 1
+
+
+def test_a_host_resident_tensor_is_read_without_a_transfer_and_a_device_one_is_refused() -> None:
+    from esper.core.transfer import host_array
+
+    with SyncGuard(max_transfers={}) as guard:
+        assert host_array(torch.arange(3)).tolist() == [0, 1, 2]
+    assert not guard.tally.transfers
+    with pytest.raises(ValueError, match="meta tensor"):
+        host_array(torch.empty(3, device="meta"))
 
 
 def test_the_counter_tells_launches_from_views() -> None:

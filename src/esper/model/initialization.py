@@ -84,7 +84,7 @@ def init_module(module: nn.Module, generator: torch.Generator) -> None:
     seen: set[int] = set()
     for name, sub in module.named_modules():
         own = list(sub.parameters(recurse=False)) + list(sub.buffers(recurse=False))
-        ids = {id(t) for t in own}
+        ids = set(map(id, own))
         if own and ids <= seen:
             continue
         seen |= ids

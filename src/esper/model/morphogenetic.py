@@ -91,30 +91,29 @@ class MorphogeneticModel(nn.Module):
         #: (:meth:`bind_table`).
         self.table = SlotTable(1, len(self.slot_ids)) if table is None else table
         self.row = row
-        self.slots = nn.ModuleDict(
-            {
-                s: SeedSlot(
-                    s,
-                    offered[s].width,
-                    strict=strict_gates,
-                    auto_advance=auto_advance,
-                    table=self.table,
-                    row=self.row,
-                    col=j,
-                )
-                for j, s in enumerate(self.slot_ids)
-            }
-        )
-        self._by_col = [self._slot(s) for s in self.slot_ids]
+        by_col = [
+            SeedSlot(
+                s,
+                offered[s].width,
+                strict=strict_gates,
+                auto_advance=auto_advance,
+                table=self.table,
+                row=self.row,
+                col=j,
+            )
+            for j, s in enumerate(self.slot_ids)
+        ]
+        self.slots = nn.ModuleDict(dict(zip(self.slot_ids, by_col, strict=True)))
+        self._by_col = by_col
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
-        for s in self.slot_ids:
-            self._slot_after[offered[s].segment] = self._slot(s)
+        for s, slot in zip(self.slot_ids, by_col, strict=True):
+            self._slot_after[offered[s].segment] = slot
         self._germinations = dict.fromkeys(self.slot_ids, 0)
         self._grad_index: dict[tuple[object, ...], Tensor] = {}
         # Parameter counts: the host's shapes never change, and every step asks for them.
-        self._host_numel = sum(p.numel() for p in host.parameters())
+        self._host_numel = sum(map(Tensor.numel, host.parameters()))
         self._ref_numel = {
-            s: sum(p.numel() for p in self._host_ref_params(s)) for s in self.slot_ids
+            s: sum(map(Tensor.numel, self._host_ref_params(s))) for s in self.slot_ids
         }
         self._reporter: Reporter | None = None
         self.set_reporter(reporter)
@@ -193,8 +192,8 @@ class MorphogeneticModel(nn.Module):
     def set_reporter(self, reporter: Reporter | None) -> None:
         """Where lifecycle records go (None: dropped)."""
         self._reporter = reporter
-        for s in self.slot_ids:
-            self._slot(s).emit = self._emit
+        for slot in self._by_col:
+            slot.emit = self._emit
 
     def _emit(self, record: LifecycleEvent) -> None:
         if self._reporter is not None:
@@ -447,4 +446,5 @@ class MorphogeneticModel(nn.Module):
         return module
 
     def _host_channels_last(self) -> bool:
-        return any([is_channels_last(p) for p in self.host.parameters()])
+        # Stops at the first channels-last tensor: the stem's conv, in the usual case.
+        return any(map(is_channels_last, self.host.parameters()))

@@ -37,7 +37,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from esper.core.transfer import host_copy
+from esper.core.transfer import host_array, host_copy
 
 #: Ops that reach the dispatcher but launch no kernel (allocation and metadata only).
 NOT_LAUNCHES = frozenset(
@@ -121,6 +121,7 @@ class _Stack:
         self._phase_of: dict[CodeType, str | None] = {}
         self._by_name = by_name
         self._host_copy = host_copy.__code__
+        self._host_array = host_array.__code__  # host-resident tensors: no read at all
         #: The main thread's phase: on CUDA the backward pass runs on autograd's device
         #: thread, whose stack holds no Python frame of ours; its ops belong to the
         #: phase that called ``backward``.
@@ -134,13 +135,16 @@ class _Stack:
             self._phase_of[code] = self._by_name.get((module, code.co_qualname))
         return self._phase_of[code]
 
-    def describe(self, want_site: bool, want_copy: bool = False) -> tuple[str, str, bool]:
-        """(phase, call site or "", whether :func:`host_copy` is on the stack)."""
+    def describe(self, want_site: bool, want_copy: bool = False) -> tuple[str, str, str]:
+        """(phase, call site or "", the reader on the stack: "copy" for :func:`host_copy`,
+        "host" for :func:`host_array`, else "")."""
         frame: FrameType | None = sys._getframe(2)
-        phase, site, in_copy = "", "", False
+        phase, site, in_copy = "", "", ""
         while frame is not None:
             if frame.f_code is self._host_copy:
-                in_copy = True
+                in_copy = "copy"
+            elif frame.f_code is self._host_array:
+                in_copy = "host"
             if not phase:
                 phase = self._phase(frame) or ""
             if want_site and not site:
@@ -260,8 +264,10 @@ class LaunchCounter:
         return False
 
     def _saw_read(self, what: str) -> None:
-        phase, site, in_copy = self._stack.describe(True, want_copy=True)
-        if in_copy:
+        phase, site, reader = self._stack.describe(True, want_copy=True)
+        if reader == "host":  # a host-resident tensor (host_array refuses device ones)
+            return
+        if reader == "copy":
             self.tally.transfers[phase] += 1
             return
         self.tally.syncs[phase] += 1

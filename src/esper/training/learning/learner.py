@@ -21,7 +21,7 @@ import torch
 from esper.config import Config
 from esper.core.enums import AmpMode, PolicyKind
 from esper.core.layout import Layout
-from esper.core.transfer import host_copy
+from esper.core.transfer import host_array, host_copy
 from esper.policy.actions import N_HEADS, N_OPS, ActionSpace
 from esper.policy.features import obs_dim
 from esper.policy.masks import ActionMasks
@@ -222,8 +222,7 @@ class Learner:
                 dones=terminal,
                 hidden=d.hidden,
             )
-        out: np.ndarray = host_copy(normalized, array=True)  # host-side: no device wait
-        return out
+        return host_array(normalized)  # rewards and their normaliser live on the host
 
     def rollback_transitions(self, env: int, from_step: int, to_step: int, penalty: float) -> int:
         """Env's segment ends at the decision that led into the failed epoch, which

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from esper.training.passes.slot_groups import SgdSettings
 
 _BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
+#: Full tensor names under a module's prefix, and the same names inside that module.
+Names = tuple[tuple[str, ...], tuple[str, ...]]
 #: Stages whose seed has stepped (it was in a train pass's forward).
 _STEPPED = BLENDED_STAGES | {SeedStage.TRAINING}
 
@@ -244,6 +246,10 @@ class HostStore:
         #: Row index tensors and SGD masks of the seed kinds (kinds change rarely).
         self.index_cache: dict[bytes, Tensor] = {}
         self.mask_cache: dict[object, Any] = {}
+        #: The seed kinds of the last train (True) and evaluation (False) pass, by
+        #: signature (``slot_groups.HostBatch``: the grouping persists while it holds).
+        self.kinds_seen: dict[bool, dict[tuple[object, ...], Any]] = {}
+        self._host_names: dict[str, tuple[Names, Names]] = {}
         #: Each seed column's part (a segment's seed tensors, or its gate's): what the
         #: SGD masks are built from, per (env, part).
         starts = sorted(
@@ -373,6 +379,15 @@ class HostStore:
             self.index_cache[key] = found
         return found
 
+    def host_names(self, prefix: str) -> tuple[Names, Names]:
+        """The full names of the host parameters and buffers under ``prefix`` (one of
+        the host's modules) with their names inside that module, found once per store."""
+        found = self._host_names.get(prefix)
+        if found is None:
+            found = (_under(prefix, self.params_layout.names), _under(prefix, self.buffers))
+            self._host_names[prefix] = found
+        return found
+
     def alphas(self) -> np.ndarray:
         """Each env's slots' current alphas ([N, n_slots]; 0 where not blended)."""
         t = self.table.slots
@@ -496,6 +511,11 @@ def _place(
                     module._buffers[key] = buffers[lead + key][i]
                 else:
                     buf.data = buffers[lead + key][i]
+
+
+def _under(prefix: str, names: Iterable[str]) -> Names:
+    full = tuple([k for k in names if k.startswith(prefix)])
+    return full, tuple([k[len(prefix) :] for k in full])
 
 
 def _momentum(env: EnvState, p: Tensor) -> Tensor:

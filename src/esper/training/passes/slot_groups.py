@@ -64,9 +64,11 @@ def sgd_settings(opt: torch.optim.Optimizer) -> SgdSettings | None:
     return SgdSettings(group["lr"], group["momentum"], group["weight_decay"])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Kind:
-    """The rows of one seed kind at one slot, and where their tensors live."""
+    """The rows of one seed kind at one slot, and where their tensors live. Compared by
+    identity: a pass reuses the previous pass's kind while its rows and key stay, so the
+    SGD masks are cached on the kinds themselves (:meth:`HostBatch._seed_masks`)."""
 
     slot_id: str
     rows: tuple[int, ...]  # positions in the batch
@@ -103,12 +105,17 @@ class HostBatch:
         self.device = store.device
         self.members = np.arange(len(self.envs)) if members is None else members
         self.whole = members is None  # each env once, in order: the store itself
+        self._member_index = None if self.whole else store.index(self.members)
         rows = store.rows[self.members]  # the batch rows' table rows
         if alphas is None:
             alphas = store.alphas()[self.members]
         self.alphas = torch.from_numpy(alphas.astype(np.float32)).to(self.device, non_blocking=True)
         slot_ids = self.model.slot_ids  # the table's column order
+        #: The last pass of this kind's seed kinds by signature: reused while unchanged.
+        self._previous = store.kinds_seen.get(train, {})
+        self._seen: dict[tuple[object, ...], _Kind] = {}
         self.kinds = {s: self._kinds_at(j, s, rows) for j, s in enumerate(slot_ids)}
+        store.kinds_seen[train] = self._seen
         self.host_settings = store.host_settings
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
         self._loss = torch.vmap(loss_and_correct)
@@ -136,9 +143,18 @@ class HostBatch:
         positions = np.nonzero(in_forward)[0]
         first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)[1:]
         kinds = []
+        inverse = inverse.reshape(-1)
         for k in np.argsort(first, kind="stable"):  # kinds in order of their first row
-            batch_rows = positions[inverse.reshape(-1) == k]
-            kinds.append(self._kind(col, slot_id, batch_rows))
+            batch_rows = positions[inverse == k]
+            # Same slot, key and rows as a kind of the last such pass: the same kind
+            # (its template slot, layout, index tensors and SGD settings still hold).
+            signature = (col, key[first[k]].tobytes(), batch_rows.tobytes(),
+                         self.members[batch_rows].tobytes())  # fmt: skip
+            kind = self._previous.get(signature)
+            if kind is None:
+                kind = self._kind(col, slot_id, batch_rows)
+            self._seen[signature] = kind
+            kinds.append(kind)
         return kinds
 
     def _kind(self, col: int, slot_id: str, batch_rows: np.ndarray) -> _Kind:
@@ -187,11 +203,14 @@ class HostBatch:
             self._gather_leaves()
         store = self.store
         if host is None:
-            host = store.params if self.whole else store.params.index_select(0, self._members())
+            host = store.params
+            if self._member_index is not None:
+                host = host.index_select(0, self._member_index)
         params = store.params_layout.stack_views(host)
         buffers = store.buffers
-        if not self.whole:
-            buffers = {k: b.index_select(0, self._members()) for k, b in buffers.items()}
+        if self._member_index is not None:
+            index = self._member_index
+            buffers = {k: b.index_select(0, index) for k, b in buffers.items()}
         host_net = self.model.host
         h = self._call_host(host_net.stem, "stem.", params, buffers, x)
         for i, segment in enumerate(host_net.segments):
@@ -201,16 +220,13 @@ class HostBatch:
                 h = self._slot(slot_id, h)
         return self._call_host(host_net.head, "head.", params, buffers, h)
 
-    def _members(self) -> Tensor:
-        return self.store.index(self.members)
-
     def _call_host(
         self, module: nn.Module, prefix: str, params: dict[str, Tensor],
         buffers: dict[str, Tensor], h: Tensor,
     ) -> Tensor:  # fmt: skip
-        cut = len(prefix)
-        own = {k[cut:]: v for k, v in params.items() if k.startswith(prefix)}
-        bufs = {k[cut:]: v for k, v in buffers.items() if k.startswith(prefix)}
+        (p_full, p_own), (b_full, b_own) = self.store.host_names(prefix)
+        own = dict(zip(p_own, map(params.__getitem__, p_full), strict=True))
+        bufs = dict(zip(b_own, map(buffers.__getitem__, b_full), strict=True))
         return _vmapped(module, own, bufs, h)
 
     def _slot(self, slot_id: str, h: Tensor) -> Tensor:
@@ -322,7 +338,7 @@ class HostBatch:
         (env, segment part) and expanded on the device with one index (two kernels
         however many kinds), and cached while the kinds stay the same."""
         stepping = [k for kinds in self.kinds.values() for k in kinds if k.trainable and k.settings]
-        key = tuple((k.settings, k.offset, k.layout.width, k.rows) for k in stepping)
+        key = tuple(stepping)  # kinds compare by identity and live while reused
         cached: dict[SgdSettings, tuple[Tensor, Tensor]] | None = self.store.mask_cache.get(key)
         if cached is not None:
             return cached
