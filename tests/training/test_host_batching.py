@@ -276,6 +276,46 @@ def test_family_members_batch_in_groups_of_their_own() -> None:
     assert sorted(int(r) for store in stores for r in store.rows) == list(range(6))
 
 
+@pytest.mark.parametrize("family", [False, True], ids=["one-host", "family"])
+def test_a_stacked_round_renews_the_last_rounds_models_as_fresh_ones(digits, family) -> None:
+    """A stacked round reuses the modules of the last one (per host member); renewed,
+    each is exactly the model a fresh factory builds for that round: host values and
+    buffers, no seeds, default slot state, and the same next seed."""
+    from _family_support import family_config
+
+    from esper.model.slot_table import COLUMNS
+
+    cfg, data = digits
+    if family:
+        cfg = with_overrides(family_config(), {"run.n_envs": 6})
+        data = load_task(cfg.task, seed=0)
+    reused = EnvFactory(cfg, data.spec)
+    before = reused.create_round(0, stacked=True)
+    slot = before[0].model.slot_ids[0]
+    _germinate(before[0], slot, "conv_heavy", 3)
+    _drive(before[0], slot, SeedStage.TRAINING)
+    after = reused.create_round(1, stacked=True)
+    fresh = EnvFactory(cfg, data.spec).create_round(1, stacked=True)
+    kept = {id(e.model) for e in before}
+    assert any(id(e.model) in kept for e in after)
+    if not family:  # one member: every model is reused
+        assert all(id(e.model) in kept for e in after)
+    for env, ref in zip(after, fresh, strict=True):
+        mine, theirs = env.model.state_dict(), ref.model.state_dict()
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        slots = env.model.slots_in_order
+        assert all(s.seed is None and s.stage == SeedStage.DORMANT for s in slots)
+        assert env.model.training and env.model.row == ref.model.row
+    for name in COLUMNS:
+        mine_c, theirs_c = getattr(after[0].table.slots, name), getattr(fresh[0].table.slots, name)
+        assert np.array_equal(mine_c, theirs_c, equal_nan=mine_c.dtype.kind == "f"), name
+    for env in (after[0], fresh[0]):
+        _germinate(env, slot, "conv_heavy", 3)
+    grown = [e.model.slot(slot).seed.state_dict() for e in (after[0], fresh[0])]
+    assert all(torch.equal(grown[0][k], grown[1][k]) for k in grown[0])
+
+
 def test_batched_runs_are_deterministic(digits) -> None:
     it = _iterator(digits[1])
     runs = []

@@ -245,24 +245,27 @@ def test_data_error_flushes_and_checkpoints(tmp_path: Path, digits) -> None:
     assert sorted(set(late["step"].to_list())) == [0, 1]
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path: Path, digits) -> None:
+@pytest.mark.parametrize("batched", [False, True], ids=["per-env", "batched"])
+def test_resume_matches_an_uninterrupted_run(tmp_path: Path, digits, batched: bool) -> None:
+    """Batched, the uninterrupted run's round 1 renews round 0's models; the resumed
+    one builds them: the same events either way."""
     full = MemoryHub(run_id="full", level=TelemetryLevel.NORMAL)
     train(
-        small_config(tmp_path, **{"run.rounds": 2}),
+        small_config(tmp_path, **{"run.rounds": 2, "run.batch_envs": batched}),
         data=digits,
         telemetry=full,
         save=tmp_path / "full.pt",
     )
     first = MemoryHub(run_id="part", level=TelemetryLevel.NORMAL)
     train(
-        small_config(tmp_path, **{"run.rounds": 1}),
+        small_config(tmp_path, **{"run.rounds": 1, "run.batch_envs": batched}),
         data=digits,
         telemetry=first,
         save=tmp_path / "part.pt",
     )
     second = MemoryHub(run_id="part-resume1", level=TelemetryLevel.NORMAL)
     result = train(
-        small_config(tmp_path, **{"run.rounds": 2}),
+        small_config(tmp_path, **{"run.rounds": 2, "run.batch_envs": batched}),
         data=digits,
         telemetry=second,
         resume=tmp_path / "part.pt",

@@ -115,6 +115,7 @@ class MorphogeneticModel(nn.Module):
         self._ref_numel = {
             s: sum(map(Tensor.numel, self._host_ref_params(s))) for s in self.slot_ids
         }
+        self._descriptors: dict[str, HostDescriptor] = {}
         self._reporter: Reporter | None = None
         self.set_reporter(reporter)
 
@@ -167,6 +168,20 @@ class MorphogeneticModel(nn.Module):
         for j, slot in enumerate(self._by_col):
             slot.bind(table, row, j)
         self.table, self.row = table, row
+
+    def renew(self, *, seed: int, table: SlotTable, row: int) -> None:
+        """Become what a fresh model of this structure built with ``seed`` is, before its
+        host is initialised (a new round reusing the modules; the caller places and
+        initialises the host's tensors: ``HostStore.initialise``): no seeds, the slots'
+        state in row ``row`` of the fresh ``table``, germinations counted from zero,
+        train mode."""
+        self._seed = seed
+        for j, slot in enumerate(self._by_col):
+            slot.renew(table, row, j)
+        self.table, self.row = table, row
+        self._germinations = dict.fromkeys(self.slot_ids, 0)
+        self._grad_index = {}
+        self.train()
 
     def slot_at(self, col: int) -> SeedSlot:
         """The slot of table column ``col`` (the slot order)."""
@@ -315,7 +330,14 @@ class MorphogeneticModel(nn.Module):
         return self._slot(slot_id).seed_parameters()
 
     def describe(self, name: str = "") -> HostDescriptor:
-        """The host's shape as the policy observes it (``name``: its family member)."""
+        """The host's shape as the policy observes it (``name``: its family member);
+        the shape never changes, so a renewed model describes itself once."""
+        found = self._descriptors.get(name)
+        if found is None:
+            found = self._descriptors[name] = self._describe(name)
+        return found
+
+    def _describe(self, name: str) -> HostDescriptor:
         segments = self.host.segments
         where = positions(len(segments), [self.positions[s].segment for s in self.slot_ids])
         return HostDescriptor(

@@ -72,6 +72,15 @@ class SlotState:
         old = self.life
         for name in COLUMNS:
             getattr(table, name)[row, col] = getattr(old.table, name)[old.row, old.col]
+        self._attach(table, row, col)
+
+    def renew(self, table: SlotTable, row: int, col: int) -> None:
+        """Start over in a fresh table's cell (a new round reusing this slot): the seed's
+        modules dropped, the state that cell's (nothing copied, nothing reported)."""
+        self._drop_seed()
+        self._attach(table, row, col)
+
+    def _attach(self, table: SlotTable, row: int, col: int) -> None:
         for view in (self.life, self.alpha, self.metrics):
             view.bind(table, row, col)
 

@@ -3,7 +3,10 @@
 Every round starts from fresh, deterministically seeded hosts: the seed of env ``e`` in
 round ``r`` derives from the run seed alone, so a resumed run rebuilds exactly the same
 hosts as an uninterrupted one. With a host family the member each env trains is drawn
-from the same seeds (:func:`esper.core.host_family.member_index`).
+from the same seeds (:func:`esper.core.host_family.member_index`). A stacked round
+renews the last stacked round's modules rather than building new ones (the values are
+the same: tests/training/test_host_batching.py), so a round's start costs no module
+construction per env.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from esper.core.host_family import member_index
 from esper.data.tasks import TaskSpec
 from esper.errors import ConfigError
 from esper.model import MorphogeneticModel, build_model
+from esper.model.slot_table import SlotTable
 from esper.policy.signals import SignalTracker
 from esper.training.envs.env_state import EnvState
 from esper.training.envs.env_table import EnvTable
@@ -76,6 +80,10 @@ class EnvFactory:
         self.devices = resolve_env_devices(cfg)
         #: Global index of the first env (multi-rank runs: rank * n_envs).
         self.env_offset = env_offset
+        #: The last stacked round's models by host member: the next stacked round renews
+        #: them rather than building N models again (the modules' structure is the
+        #: member's; everything per round is reset, and the store initialises the host).
+        self._spare: dict[str, list[MorphogeneticModel]] = {}
 
     def stacks(self) -> bool:
         """Whether the round's hosts are built straight into batched stores (a batched
@@ -87,32 +95,48 @@ class EnvFactory:
         """The round's envs, their state in one fresh :class:`EnvTable`; ``stacked``:
         the hosts initialised straight into the round's batched stores (same values)."""
         n = self.cfg.run.n_envs
-        first = self._model(rnd, 0, None, materialized=not stacked)
+        spare, self._spare = (self._spare if stacked else {}), {}
+        first = self._model(rnd, 0, None, spare, materialized=not stacked)
         table = EnvTable.for_round(self.cfg, self.spec, len(first[1].slot_ids))
         first[1].bind_table(table.slots, 0)
-        rest = [self._model(rnd, i, table, materialized=not stacked) for i in range(1, n)]
+        rest = [self._model(rnd, i, table, spare, materialized=not stacked) for i in range(1, n)]
         models = [first, *rest]
         envs = [
             self.create_env(table, i, *built, stacked=stacked) for i, built in enumerate(models)
         ]
         if stacked:
             self._stack(rnd, envs, table)
+            for name, model in models:
+                self._spare.setdefault(name, []).append(model)
         for env in envs:
             env.model.set_reporter(table.reporter(env.row))
         return envs
 
     def _model(
-        self, rnd: int, local: int, table: EnvTable | None, *, materialized: bool
+        self,
+        rnd: int,
+        local: int,
+        table: EnvTable | None,
+        spare: dict[str, list[MorphogeneticModel]],
+        *,
+        materialized: bool,
     ) -> tuple[str, MorphogeneticModel]:
         """Env ``local``'s host (its family member's name, or ""), its slots in row
         ``local`` of ``table`` (or a table of its own, for the first: the table's width
-        is its slots')."""
+        is its slots'): a spare model of that member renewed, or a new one."""
         index = self.env_offset + local
         name, host = member_host(self.cfg, rnd, index)
+        seed = env_seed(self.cfg.run.seed, rnd, index)
+        kept = spare.get(name)
+        if kept:
+            model = kept.pop()
+            own = SlotTable(1, len(model.slot_ids))
+            model.renew(seed=seed, table=own if table is None else table.slots, row=local)
+            return name, model
         model = build_model(
             host,
             self.spec,
-            seed=env_seed(self.cfg.run.seed, rnd, index),
+            seed=seed,
             strict_gates=self.cfg.host.strict_gates,
             materialized=materialized,
             table=None if table is None else table.slots,

@@ -298,12 +298,15 @@ class HostStore:
         *,
         channels_last: bool,
     ) -> HostStore:
-        """A new round's store: the envs' hosts are on the meta device; each row is
-        initialised on the CPU from its env's seed (exactly the values a host built alone
-        gets), then the whole store moves to the device in one copy per tensor."""
+        """A new round's store: the envs' hosts are on the meta device (or a previous
+        round's, renewed); each row is initialised on the CPU from its env's seed (exactly
+        the values a host built alone gets), then the whole store moves to the device in
+        one copy per tensor."""
         host = envs[0].model.host
         layout = FlatLayout.of(host.named_parameters(), channels_last=channels_last)
-        staging = FlatLayout.of(host.named_parameters())  # the rows' values, contiguous
+        # The rows' values as the tensors of a freshly built host: contiguous (a reused
+        # host's tensors are channels-last views; init fills in memory order).
+        staging = FlatLayout.of(host.named_parameters(), channels_last=False)
         n = len(envs)
         params = torch.empty(n, layout.width)
         buffers = {k: torch.empty(n, *b.shape, dtype=b.dtype) for k, b in host.named_buffers()}
