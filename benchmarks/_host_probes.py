@@ -1,4 +1,5 @@
-"""The instruments of ``host_work.py``: call counting, loop tracing, body clocks.
+"""The instruments of ``host_work.py``: call counting, loop tracing, body clocks, a
+stack sampler.
 
 Kept apart from the script so each file reads in one sitting; ``host_work.py``'s
 docstring defines what each instrument counts. They run inside the worker process, on
@@ -223,6 +224,57 @@ class BodyClock:
                 self.depth = 0
 
         return timed_body
+
+
+class StackSampler:
+    """Where the time outside the capturable bodies goes: a daemon thread samples the
+    main thread's stack every ``interval`` seconds once armed. A sample inside the
+    round function counts *inside* when a capturable body (``bodies``) is on the stack,
+    else *outside*, charged to its site: the ``depth`` outermost frames below the round
+    function. Statistical (the sampler waits for the GIL: Python's switch interval is
+    lowered while it runs), so it says where, while ``BodyClock`` says how much."""
+
+    def __init__(
+        self, round_code: CodeType, bodies: set[CodeType], *, interval: float, depth: int
+    ) -> None:
+        self.round_code, self.bodies = round_code, bodies
+        self.interval, self.depth = interval, depth
+        self.inside = 0
+        self.outside: Counter[str] = Counter()
+        self.main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._switch = sys.getswitchinterval()
+
+    def arm(self) -> None:
+        sys.setswitchinterval(self.interval / 4)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        sys.setswitchinterval(self._switch)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
+            if frame is not None:
+                self._sample(frame)
+
+    def _sample(self, frame: FrameType) -> None:
+        chain: list[CodeType] = []
+        walk: FrameType | None = frame
+        while walk is not None and walk.f_code is not self.round_code:
+            chain.append(walk.f_code)
+            walk = walk.f_back
+        if walk is None:
+            return  # between rounds
+        if self.bodies.intersection(chain):
+            self.inside += 1
+            return
+        site = [c.co_qualname for c in reversed(chain[-self.depth :])]
+        self.outside[" > ".join(site) or "(the round function itself)"] += 1
 
 
 def _holders(owner: Any, attr: str, fn: Any) -> list[tuple[Any, str]]:

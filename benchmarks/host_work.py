@@ -32,6 +32,10 @@ by its code object: nothing is patched but in the timing pass. One run per figur
 4. **Host syncs and kernel launches per env-step** from
    :class:`esper.training.launch_count.LaunchCounter` (as ``launches.py``), and
    **host-device transfers per step**: calls of :data:`TRANSFER_FUNCTION`.
+5. **Where the outside share goes**: a :class:`_host_probes.StackSampler` run samples
+   the main thread's stack every :data:`SAMPLE_INTERVAL_S`; the samples outside the
+   capturable bodies, by site (:data:`SAMPLE_DEPTH` frames below the round function),
+   as shares of the round's samples. Statistical, unlike the counts above.
 
 ``--ref GITREF`` also measures that commit, exported with ``git archive``; every run is
 a subprocess with ``PYTHONPATH=<tree>/src:<tree>/analysis`` and that tree's
@@ -68,6 +72,7 @@ from _host_probes import (
     LoopTracer,
     RoundGate,
     RoundProfile,
+    StackSampler,
     code_of,
     resolve,
     wrapped,
@@ -111,6 +116,10 @@ LOOP_REFERENCE = 2
 MIN_TRIP_SHARE = 0.25
 TOP_FUNCTIONS = 15
 TOP_LOOPS = 10
+TOP_SITES = 15
+#: The stack sampler's period and how many frames below the round function name a site.
+SAMPLE_INTERVAL_S = 0.0007
+SAMPLE_DEPTH = 3
 #: A worker run gets this long (a hang, not a slow machine, should stop the script).
 WORKER_TIMEOUT_S = 3600
 #: Parts of a tree an export needs (src is required).
@@ -235,11 +244,35 @@ def pass_timing(run: Run) -> dict[str, Any]:
     }
 
 
+def pass_sample(run: Run) -> dict[str, Any]:
+    bodies = set()
+    for name in CAPTURABLE:
+        try:
+            bodies.add(code_of(name))
+        except LookupError:
+            continue
+    sampler = StackSampler(
+        code_of(ROUND_FUNCTION), bodies, interval=SAMPLE_INTERVAL_S, depth=SAMPLE_DEPTH
+    )
+    try:
+        run.train(sampler.arm)
+    finally:
+        sampler.stop()
+    total = sampler.inside + sampler.outside.total()
+    ranked = sorted(sampler.outside.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_SITES]
+    return {
+        "samples": total,
+        "outside_share": sampler.outside.total() / total if total else None,
+        "outside_sites": [{"site": k, "share": n / total} for k, n in ranked],
+    }
+
+
 PASSES = {
     "calls": pass_calls,
     "loops": pass_loops,
     "launches": pass_launches,
     "timing": pass_timing,
+    "sample": pass_sample,
 }
 
 
@@ -345,7 +378,7 @@ def run_job(tree: Tree, job: Job, args: argparse.Namespace) -> dict[str, Any]:
 def plan(args: argparse.Namespace) -> list[Job]:
     """The deterministic passes (once each), then the timing runs (``--repeats`` each)."""
     each = [(v, n) for v in args.variants for n in args.n_envs]
-    jobs = [Job(kind, v, n) for v, n in each for kind in ("calls", "launches")]
+    jobs = [Job(kind, v, n) for v, n in each for kind in ("calls", "launches", "sample")]
     loop_n = sorted({m for n in args.n_envs for m in (n, n // LOOP_REFERENCE)})
     jobs += [Job("loops", v, n) for v in args.variants for n in loop_n]
     return jobs + [Job("timing", v, n) for _ in range(args.repeats) for v, n in each]
@@ -397,6 +430,7 @@ def summarize(tree: Tree, variant: str, n: int, got: dict[tuple[str, int], Any])
         "outside_share_samples": shares,
         "timing": got["timing", n],
         "launches": got["launches", n],
+        "sampled": got["sample", n],
     }
 
 
@@ -419,6 +453,13 @@ def print_details(r: dict[str, Any]) -> None:
         f"Top loop sites growing with n_envs ({where}; trip = iterations per entry)",
         ["site", "per-env loop", "entries/step", "trip", "trip at n/2", "it./env-step"],
         [[_cell(s, (k,)) for k in keys] for s in r["loops"]["top_sites"]],
+    )
+    sampled = r["sampled"]
+    C.print_table(
+        f"Outside the capturable bodies, sampled ({where}; {sampled['samples']} samples, "
+        f"share of the round's samples)",
+        ["site", "share"],
+        [[s["site"], s["share"]] for s in sampled["outside_sites"]],
     )
 
 
