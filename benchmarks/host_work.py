@@ -120,6 +120,8 @@ TOP_SITES = 15
 #: The stack sampler's period and how many frames below the round function name a site.
 SAMPLE_INTERVAL_S = 0.0007
 SAMPLE_DEPTH = 3
+#: Measured rounds of the sampler's run (more samples than the counting passes need).
+SAMPLE_ROUNDS = 5
 #: A worker run gets this long (a hang, not a slow machine, should stop the script).
 WORKER_TIMEOUT_S = 3600
 #: Parts of a tree an export needs (src is required).
@@ -254,8 +256,12 @@ def pass_sample(run: Run) -> dict[str, Any]:
     sampler = StackSampler(
         code_of(ROUND_FUNCTION), bodies, interval=SAMPLE_INTERVAL_S, depth=SAMPLE_DEPTH
     )
+    from esper.config import with_overrides
+
+    rounds = max(run.cfg.run.rounds, WARMUP_ROUNDS + SAMPLE_ROUNDS)
+    longer = Run(with_overrides(run.cfg, {"run.rounds": rounds}), run.data, run.prefix)
     try:
-        run.train(sampler.arm)
+        longer.train(sampler.arm)
     finally:
         sampler.stop()
     total = sampler.inside + sampler.outside.total()
