@@ -32,8 +32,9 @@ by its code object: nothing is patched but in the timing pass. One run per figur
 4. **Host syncs and kernel launches per env-step** from
    :class:`esper.training.launch_count.LaunchCounter` (as ``launches.py``), and
    **host-device transfers per step**: calls of :data:`TRANSFER_FUNCTION`.
-5. **Where the outside share goes**: a :class:`_host_probes.StackSampler` run samples
-   the main thread's stack every :data:`SAMPLE_INTERVAL_S`; the samples outside the
+5. **Where the outside share goes**: a :class:`_host_probes.StackSampler` run
+   (:data:`SAMPLE_ROUNDS` measured rounds) samples the main thread's stack every
+   :data:`SAMPLE_INTERVAL_S`; the samples outside the
    capturable bodies, by site (:data:`SAMPLE_DEPTH` frames below the round function),
    as shares of the round's samples. Statistical, unlike the counts above.
 
