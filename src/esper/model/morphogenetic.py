@@ -31,7 +31,7 @@ from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
 from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
-from esper.model.initialization import materialize
+from esper.model.initialization import materialize_small
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.memory_format import is_channels_last
 from esper.model.metrics import ParamCounts
@@ -451,7 +451,7 @@ class MorphogeneticModel(nn.Module):
         gate = None
         if STYLE_BLEND[style] == BlendOp.GATE:
             topo = self.topology
-            built = materialize(lambda: BlendGate(width, topo), generator)
+            built = materialize_small(lambda: BlendGate(width, topo), generator)
             gate = self._to_host_layout(built)
         return seed_module, gate  # type: ignore[return-value]
 

@@ -17,7 +17,7 @@ from esper.core.constants import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS
 from esper.core.enums import Topology
 from esper.model.blueprints_cnn import CNN_BLUEPRINT_CLASSES
 from esper.model.blueprints_transformer import TRANSFORMER_BLUEPRINT_CLASSES
-from esper.model.initialization import materialize
+from esper.model.initialization import materialize_small
 
 #: Builds a seed for an activation of the given width (channels or model dim).
 SeedFactory = Callable[[int], nn.Module]
@@ -77,7 +77,7 @@ class BlueprintRegistry:
     ) -> nn.Module:
         """A freshly initialised seed module for an activation of ``width``."""
         bp = self.get(topology, name)
-        return materialize(lambda: bp.factory(width), generator, device=device)
+        return materialize_small(lambda: bp.factory(width), generator).to(device)
 
 
 def _default_registry() -> BlueprintRegistry:
