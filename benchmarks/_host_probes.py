@@ -1,5 +1,5 @@
-"""The instruments of ``host_work.py``: call counting, loop tracing, body clocks, a
-stack sampler.
+"""The instruments of ``host_work.py``: call counting, loop tracing, body and site
+clocks.
 
 Kept apart from the script so each file reads in one sitting; ``host_work.py``'s
 docstring defines what each instrument counts. They run inside the worker process, on
@@ -226,55 +226,31 @@ class BodyClock:
         return timed_body
 
 
-class StackSampler:
-    """Where the time outside the capturable bodies goes: a daemon thread samples the
-    main thread's stack every ``interval`` seconds once armed. A sample inside the
-    round function counts *inside* when a capturable body (``bodies``) is on the stack,
-    else *outside*, charged to its site: the ``depth`` outermost frames below the round
-    function. Statistical (the sampler waits for the GIL: Python's switch interval is
-    lowered while it runs), so it says where, while ``BodyClock`` says how much."""
+class SiteClock(BodyClock):
+    """Main-thread CPU of the measured rounds and of named functions inside them (the
+    sites where the time outside the capturable bodies goes), each site inclusive of
+    what it calls: sites may nest, so their times do not add up. A separate run from the
+    body clocks, so these wrappers do not add to the outside share measured there."""
 
-    def __init__(
-        self, round_code: CodeType, bodies: set[CodeType], *, interval: float, depth: int
-    ) -> None:
-        self.round_code, self.bodies = round_code, bodies
-        self.interval, self.depth = interval, depth
-        self.inside = 0
-        self.outside: Counter[str] = Counter()
-        self.main = threading.main_thread().ident
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._switch = sys.getswitchinterval()
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: dict[str, float] = defaultdict(float)
+        self._open: set[str] = set()  # sites on the stack (a recursive call counts once)
 
-    def arm(self) -> None:
-        sys.setswitchinterval(self.interval / 4)
-        self._thread.start()
+    def site(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed_site(*args: Any, **kwargs: Any) -> Any:
+            if not self.in_round or name in self._open or threading.get_ident() != self.main:
+                return fn(*args, **kwargs)
+            self._open.add(name)
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sites[name] += time.thread_time() - t0
+                self._open.discard(name)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        sys.setswitchinterval(self._switch)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
-            if frame is not None:
-                self._sample(frame)
-
-    def _sample(self, frame: FrameType) -> None:
-        chain: list[CodeType] = []
-        walk: FrameType | None = frame
-        while walk is not None and walk.f_code is not self.round_code:
-            chain.append(walk.f_code)
-            walk = walk.f_back
-        if walk is None:
-            return  # between rounds
-        if self.bodies.intersection(chain):
-            self.inside += 1
-            return
-        site = [c.co_qualname for c in reversed(chain[-self.depth :])]
-        self.outside[" > ".join(site) or "(the round function itself)"] += 1
+        return timed_site
 
 
 def _holders(owner: Any, attr: str, fn: Any) -> list[tuple[Any, str]]:

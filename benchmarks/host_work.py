@@ -32,11 +32,13 @@ by its code object: nothing is patched but in the timing pass. One run per figur
 4. **Host syncs and kernel launches per env-step** from
    :class:`esper.training.launch_count.LaunchCounter` (as ``launches.py``), and
    **host-device transfers per step**: calls of :data:`TRANSFER_FUNCTION`.
-5. **Where the outside share goes**: a :class:`_host_probes.StackSampler` run
-   (:data:`SAMPLE_ROUNDS` measured rounds) samples the main thread's stack every
-   :data:`SAMPLE_INTERVAL_S`; the samples outside the
-   capturable bodies, by site (:data:`SAMPLE_DEPTH` frames below the round function),
-   as shares of the round's samples. Statistical, unlike the counts above.
+5. **Where the outside share goes**: a run with the functions of :data:`SITES` (the
+   step's work outside the capturable bodies) wrapped with ``time.thread_time``
+   (:class:`_host_probes.SiteClock`), each site's main-thread CPU, inclusive of what it
+   calls, as a share of the round's. Sites nest (``HostEnvs.step`` holds
+   ``execute_action``), so the shares do not add up. (A stack sampler in a thread was
+   tried first: waiting for the GIL, it charged time to the code after long C calls,
+   e.g. the reward normaliser five times its clocked share.)
 
 ``--ref GITREF`` also measures that commit, exported with ``git archive``; every run is
 a subprocess with ``PYTHONPATH=<tree>/src:<tree>/analysis`` and that tree's
@@ -73,7 +75,7 @@ from _host_probes import (
     LoopTracer,
     RoundGate,
     RoundProfile,
-    StackSampler,
+    SiteClock,
     code_of,
     resolve,
     wrapped,
@@ -117,12 +119,26 @@ LOOP_REFERENCE = 2
 MIN_TRIP_SHARE = 0.25
 TOP_FUNCTIONS = 15
 TOP_LOOPS = 10
-TOP_SITES = 15
-#: The stack sampler's period and how many frames below the round function name a site.
-SAMPLE_INTERVAL_S = 0.0007
-SAMPLE_DEPTH = 3
-#: Measured rounds of the sampler's run (more samples than the counting passes need).
-SAMPLE_ROUNDS = 5
+#: Where the step's time outside the capturable bodies goes ("module:qualname"; names
+#: that do not resolve in a tree are skipped, as for CAPTURABLE).
+SITES = (
+    "esper.training.envs.env_factory:EnvFactory.create_round",  # the round's envs
+    "esper.training.envs.host_envs:HostEnvs.step",  # actions and rewards
+    "esper.training.envs.action_execution:execute_action",  # the acting envs' operations
+    "esper.training.envs.action_execution:sync_seed_optimizers",
+    "esper.training.envs.host_envs:HostEnvs.observe",  # features and masks
+    "esper.training.envs.host_envs:HostEnvs._govern",  # governor checks and snapshots
+    "esper.model.ticks:tick_slots",  # lifecycle ticks
+    "esper.training.envs.counterfactual:ablations",  # validation's configurations
+    "esper.training.passes.slot_groups:HostBatch.__init__",  # kind grouping
+    "esper.training.passes.slot_groups:HostBatch.set_modes",
+    "esper.training.passes.host_batching:_adopt",  # new seeds into the store
+    "esper.training.learning.learner:Learner.record_step",  # the rollout buffer
+    "esper.training.learning.normalizers:RewardNormalizer.update",
+    "esper.training.loop.recorder:Recorder.epoch",  # events
+    "esper.training.loop.recorder:Recorder.actions",
+    "esper.training.loop.recorder:Recorder.env_steps",
+)
 #: A worker run gets this long (a hang, not a slow machine, should stop the script).
 WORKER_TIMEOUT_S = 3600
 #: Parts of a tree an export needs (src is required).
@@ -247,30 +263,18 @@ def pass_timing(run: Run) -> dict[str, Any]:
     }
 
 
-def pass_sample(run: Run) -> dict[str, Any]:
-    bodies = set()
-    for name in CAPTURABLE:
-        try:
-            bodies.add(code_of(name))
-        except LookupError:
-            continue
-    sampler = StackSampler(
-        code_of(ROUND_FUNCTION), bodies, interval=SAMPLE_INTERVAL_S, depth=SAMPLE_DEPTH
-    )
-    from esper.config import with_overrides
-
-    rounds = max(run.cfg.run.rounds, WARMUP_ROUNDS + SAMPLE_ROUNDS)
-    longer = Run(with_overrides(run.cfg, {"run.rounds": rounds}), run.data, run.prefix)
-    try:
-        longer.train(sampler.arm)
-    finally:
-        sampler.stop()
-    total = sampler.inside + sampler.outside.total()
-    ranked = sorted(sampler.outside.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_SITES]
+def pass_sites(run: Run) -> dict[str, Any]:
+    clock = SiteClock()
+    rounds = {name: clock.round for name in ROUND_FUNCTION}
+    with wrapped({**rounds, **{name: clock.site for name in SITES}}) as missing:
+        if all(name in missing for name in ROUND_FUNCTION):
+            raise LookupError(f"{ROUND_FUNCTION}: no such function")
+        run.train(clock.arm)
+    _, env_steps = run.measured(clock.rounds)
     return {
-        "samples": total,
-        "outside_share": sampler.outside.total() / total if total else None,
-        "outside_sites": [{"site": k, "share": n / total} for k, n in ranked],
+        "round_cpu_us_per_env_step": clock.round_s / env_steps * 1e6,
+        "shares": {k: v / clock.round_s for k, v in sorted(clock.sites.items())},
+        "unresolved": [name for name in missing if name in SITES],
     }
 
 
@@ -279,7 +283,7 @@ PASSES = {
     "loops": pass_loops,
     "launches": pass_launches,
     "timing": pass_timing,
-    "sample": pass_sample,
+    "sites": pass_sites,
 }
 
 
@@ -385,7 +389,7 @@ def run_job(tree: Tree, job: Job, args: argparse.Namespace) -> dict[str, Any]:
 def plan(args: argparse.Namespace) -> list[Job]:
     """The deterministic passes (once each), then the timing runs (``--repeats`` each)."""
     each = [(v, n) for v in args.variants for n in args.n_envs]
-    jobs = [Job(kind, v, n) for v, n in each for kind in ("calls", "launches", "sample")]
+    jobs = [Job(kind, v, n) for v, n in each for kind in ("calls", "launches", "sites")]
     loop_n = sorted({m for n in args.n_envs for m in (n, n // LOOP_REFERENCE)})
     jobs += [Job("loops", v, n) for v in args.variants for n in loop_n]
     return jobs + [Job("timing", v, n) for _ in range(args.repeats) for v, n in each]
@@ -437,7 +441,7 @@ def summarize(tree: Tree, variant: str, n: int, got: dict[tuple[str, int], Any])
         "outside_share_samples": shares,
         "timing": got["timing", n],
         "launches": got["launches", n],
-        "sampled": got["sample", n],
+        "sites": got["sites", n],
     }
 
 
@@ -461,12 +465,12 @@ def print_details(r: dict[str, Any]) -> None:
         ["site", "per-env loop", "entries/step", "trip", "trip at n/2", "it./env-step"],
         [[_cell(s, (k,)) for k in keys] for s in r["loops"]["top_sites"]],
     )
-    sampled = r["sampled"]
+    sites = r["sites"]["shares"]
     C.print_table(
-        f"Outside the capturable bodies, sampled ({where}; {sampled['samples']} samples, "
-        f"share of the round's samples)",
+        f"Outside the capturable bodies, by site ({where}; share of the round's CPU, "
+        "inclusive: sites nest)",
         ["site", "share"],
-        [[s["site"], s["share"]] for s in sampled["outside_sites"]],
+        [[k, v] for k, v in sorted(sites.items(), key=lambda kv: -kv[1])],
     )
 
 

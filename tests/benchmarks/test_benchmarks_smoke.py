@@ -216,9 +216,10 @@ def test_host_work_measures_both_trees_by_turns(tmp_path: Path) -> None:
         assert sum(r["timing"][0]["bodies_us_per_env_step"].values()) > 0
         assert positive(r["launches"]["launches_per_env_step"])
         assert r["launches"]["syncs_per_env_step"] >= 0
-        sampled = r["sampled"]  # the sampler saw the rounds, some of it outside the bodies
-        assert sampled["samples"] > 0 and 0 < sampled["outside_share"] < 1
-        assert sum(s["share"] for s in sampled["outside_sites"]) <= sampled["outside_share"] + 1e-9
+        sites = r["sites"]  # every site resolved and was timed inside the rounds
+        assert not sites["unresolved"] and sites["shares"]
+        assert all(0 <= v < 1 for v in sites["shares"].values())
+        assert sites["shares"]["esper.training.envs.host_envs:HostEnvs.step"] > 0
     if not data["trees"][0]["dirty"]:  # same code: the counts are deterministic
         work, ref = rows["working"], rows["HEAD"]
         for key in ("calls_per_env_step", "transfers_per_step", "top_functions", "loops"):
