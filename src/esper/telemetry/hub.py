@@ -196,6 +196,24 @@ class StampingHub(Hub):
         batch.stamp(self.run_id, self._seq, _time_ns(), self.rank)
         self._seq += batch.n
 
+    def _check_open(self) -> None:
+        """Raise if the hub takes no more events (each hub says why)."""
+        if self._closed:
+            raise TelemetryWriteError(f"telemetry hub of run {self.run_id!r} is closed")
+
+    def _admitted(self, event: Event) -> bool:
+        """Whether one event passes the level filter; raises for an unknown event type,
+        a closed hub or an event emitted before."""
+        try:
+            if _LEVELS[type(event)] > self.level:
+                return False
+        except KeyError:
+            raise _unknown_event(event) from None
+        self._check_open()
+        if event.seq != UNSTAMPED_SEQ:
+            raise _already_emitted(event)
+        return True
+
     def _columns_recorded(self, batch: EventColumns) -> bool:
         """Whether a batch of columns passes the level filter."""
         try:
@@ -315,14 +333,8 @@ class TelemetryHub(StampingHub):
 
     def emit(self, event: Event) -> None:
         """Filter, check, stamp and append (blocks while the buffer is full)."""
-        try:
-            if _LEVELS[type(event)] > self.level:
-                return
-        except KeyError:
-            raise _unknown_event(event) from None
-        self._check_open()
-        if event.seq != UNSTAMPED_SEQ:
-            raise _already_emitted(event)
+        if not self._admitted(event):
+            return
         with self._lock:
             if self._writer.buffered >= self._capacity:
                 if self._drop:

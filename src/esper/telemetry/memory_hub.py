@@ -9,13 +9,8 @@ from collections.abc import Sequence
 
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.telemetry.event_columns import EventColumns
-from esper.telemetry.events import UNSTAMPED_SEQ, Event
-from esper.telemetry.hub import (
-    _LEVELS,
-    StampingHub,
-    _already_emitted,
-    _unknown_event,
-)
+from esper.telemetry.events import Event
+from esper.telemetry.hub import StampingHub
 from esper.telemetry.manifest import WriterCounters
 from esper.telemetry.paths import validate_run_id
 from esper.telemetry.writer import TelemetryWriteError, writer_stats_event
@@ -39,14 +34,8 @@ class MemoryHub(StampingHub):
         self._lock = threading.Lock()
 
     def emit(self, event: Event) -> None:
-        try:
-            if _LEVELS[type(event)] > self.level:
-                return
-        except KeyError:
-            raise _unknown_event(event) from None
-        self._check_open()
-        if event.seq != UNSTAMPED_SEQ:
-            raise _already_emitted(event)
+        if not self._admitted(event):
+            return
         with self._lock:
             self._stamp_and_store(event)
 
