@@ -239,16 +239,22 @@ def pass_launches(run: Run) -> dict[str, Any]:
     }
 
 
+def _clocked(run: Run, clock: BodyClock, wrappers: dict[str, Any]) -> list[str]:
+    """Train with the round function and ``wrappers``' functions wrapped by ``clock``;
+    the names that did not resolve."""
+    rounds = {name: clock.round for name in ROUND_FUNCTION}
+    with wrapped({**rounds, **wrappers}) as missing:
+        if all(name in missing for name in ROUND_FUNCTION):
+            raise LookupError(f"{ROUND_FUNCTION}: no such function")
+        run.train(clock.arm)
+    return missing
+
+
 def pass_timing(run: Run) -> dict[str, Any]:
     clock = BodyClock()
-    rounds = {name: clock.round for name in ROUND_FUNCTION}
-    wrappers = {**rounds, **{name: clock.body for name in CAPTURABLE}}
     gc.callbacks.append(clock.collecting)
     try:
-        with wrapped(wrappers) as missing:
-            if all(name in missing for name in ROUND_FUNCTION):
-                raise LookupError(f"{ROUND_FUNCTION}: no such function")
-            run.train(clock.arm)
+        missing = _clocked(run, clock, {name: clock.body for name in CAPTURABLE})
     finally:
         gc.callbacks.remove(clock.collecting)
     _, env_steps = run.measured(clock.rounds)
@@ -265,11 +271,7 @@ def pass_timing(run: Run) -> dict[str, Any]:
 
 def pass_sites(run: Run) -> dict[str, Any]:
     clock = SiteClock()
-    rounds = {name: clock.round for name in ROUND_FUNCTION}
-    with wrapped({**rounds, **{name: clock.site for name in SITES}}) as missing:
-        if all(name in missing for name in ROUND_FUNCTION):
-            raise LookupError(f"{ROUND_FUNCTION}: no such function")
-        run.train(clock.arm)
+    missing = _clocked(run, clock, {name: clock.site for name in SITES})
     _, env_steps = run.measured(clock.rounds)
     return {
         "round_cpu_us_per_env_step": clock.round_s / env_steps * 1e6,

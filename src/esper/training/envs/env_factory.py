@@ -130,8 +130,8 @@ class EnvFactory:
         kept = spare.get(name)
         if kept:
             model = kept.pop()
-            own = SlotTable(1, len(model.slot_ids))
-            model.renew(seed=seed, table=own if table is None else table.slots, row=local)
+            slots = SlotTable(1, len(model.slot_ids)) if table is None else table.slots
+            model.renew(seed=seed, table=slots, row=local)
             return name, model
         model = build_model(
             host,
