@@ -68,16 +68,21 @@ class RoundGate:
 
 class RoundProfile:
     """``sys.setprofile`` hook: opens the window on the round function's call, closes
-    it on its return; inside, counts calls of esper code (``prefix``) and runs
-    ``enter``/``leave`` at the edges."""
+    it on its return; inside, counts calls of esper code (``prefix``), all Python calls
+    and those into torch's Python (``torch_prefix``: vmap, functional_call, module
+    traversal, the optimizers), and runs ``enter``/``leave`` at the edges."""
 
-    def __init__(self, round_code: CodeType, prefix: str | None = None) -> None:
-        self.round_code, self.prefix = round_code, prefix
+    def __init__(
+        self, round_code: CodeType, prefix: str | None = None, torch_prefix: str | None = None
+    ) -> None:
+        self.round_code, self.prefix, self.torch_prefix = round_code, prefix, torch_prefix
         self.enter: Callable[[], object] = lambda: None
         self.leave: Callable[[], object] = lambda: None
         self.frame: FrameType | None = None
         self.rounds = 0
         self.calls: Counter[CodeType] = Counter()
+        self.all_calls = 0
+        self.torch_calls = 0
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
@@ -87,8 +92,11 @@ class RoundProfile:
                     return
                 self.frame, self.rounds = frame, self.rounds + 1
                 self.enter()
+            self.all_calls += 1
             if self.prefix is not None and code.co_filename.startswith(self.prefix):
                 self.calls[code] += 1
+            elif self.torch_prefix is not None and code.co_filename.startswith(self.torch_prefix):
+                self.torch_calls += 1
         elif event == "return" and frame is self.frame:
             self.frame = None
             self.leave()

@@ -12,7 +12,10 @@ by its code object: nothing is patched but in the timing pass. One run per figur
 
 1. **Python calls into src/esper per env-step**: ``sys.setprofile`` 'call' events of
    frames whose code lies in the esper package (a generator's resumption counts), main
-   thread. Deterministic. The top functions say where they go.
+   thread. Deterministic. The top functions say where they go. Also counted: the
+   Python calls into torch's own package (``torch calls``: vmap's input handling,
+   ``functional_call``'s tensor swaps, module traversals, the optimizers' step) and all
+   Python calls (``all calls``, any package): on a GPU the host runs those too.
 2. **Per-env loops**, from ``sys.settrace`` line events. A loop is a backward jump of
    the bytecode, its header the lowest line it spans; a header line event is an entry
    (from a line above) or an iteration (from a line below, or the same line for a
@@ -149,6 +152,8 @@ COLUMNS = (
     ("tree", ("tree",)),
     ("n_envs", ("n_envs",)),
     ("calls/env-step", ("calls_per_env_step",)),
+    ("torch calls/env-step", ("torch_calls_per_env_step",)),
+    ("all calls/env-step", ("all_calls_per_env_step",)),
     ("per-env loops/step", ("loops", "per_env_loops_per_step")),
     ("loop it./env-step", ("loops", "loop_iterations_per_env_step")),
     ("outside share", ("outside_share",)),
@@ -156,6 +161,8 @@ COLUMNS = (
     ("launches/env-step", ("launches", "launches_per_env_step")),
     ("transfers/step", ("transfers_per_step",)),
 )
+CALL_KEYS = ("calls_per_env_step", "torch_calls_per_env_step", "all_calls_per_env_step",
+             "transfers_per_step", "top_functions")  # fmt: skip
 LOOP_COLUMNS = ("site", "per_env_loop", "entries_per_step", "trip", "trip_at_half")
 
 
@@ -189,7 +196,10 @@ class Run:
 
 
 def pass_calls(run: Run) -> dict[str, Any]:
-    hook = RoundProfile(code_of(ROUND_FUNCTION), run.prefix)
+    import torch
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    hook = RoundProfile(code_of(ROUND_FUNCTION), run.prefix, torch_dir)
     try:
         run.train(lambda: sys.setprofile(hook))
     finally:
@@ -201,6 +211,8 @@ def pass_calls(run: Run) -> dict[str, Any]:
     ranked = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_FUNCTIONS]
     return {
         "calls_per_env_step": hook.calls.total() / env_steps,
+        "torch_calls_per_env_step": hook.torch_calls / env_steps,
+        "all_calls_per_env_step": hook.all_calls / env_steps,
         "transfers_per_step": hook.calls[code_of(TRANSFER_FUNCTION)] / steps,
         "top_functions": [{"function": k, "per_env_step": n / env_steps} for k, n in ranked],
     }
@@ -437,7 +449,7 @@ def summarize(tree: Tree, variant: str, n: int, got: dict[tuple[str, int], Any])
         "commit": tree.commit,
         "n_envs": n,
         "config": calls["config"],
-        **{k: calls[k] for k in ("calls_per_env_step", "transfers_per_step", "top_functions")},
+        **{k: calls[k] for k in CALL_KEYS},
         "loops": per_env_loops(loops, got["loops", n // LOOP_REFERENCE]["sites"], n),
         "outside_share": C.median(shares),
         "outside_share_samples": shares,

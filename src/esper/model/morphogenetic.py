@@ -9,6 +9,7 @@ single per-step transfer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -462,7 +463,10 @@ class MorphogeneticModel(nn.Module):
     def _to_host_layout(self, module: nn.Module) -> nn.Module:
         """Match the host's device, dtype and (for CNNs) memory format."""
         ref = next(self.host.parameters())
-        module = module.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
+        # A module is built on one device, in one dtype: its first tensor says which.
+        own = next(itertools.chain(module.parameters(), module.buffers()), None)
+        if own is not None and (own.device != ref.device or own.dtype != ref.dtype):
+            module = module.to(device=ref.device, dtype=ref.dtype, non_blocking=True)
         if self._host_channels_last():
             module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         return module

@@ -74,15 +74,20 @@ class Entry:
 class FlatLayout:
     """Where each named tensor lives in a flat row (in order, no gaps)."""
 
-    def __init__(self, entries: Sequence[Entry]) -> None:
+    def __init__(self, entries: Sequence[Entry], *, tied: bool = False) -> None:
         self.entries = tuple(entries)
         self.width = sum([e.numel for e in self.entries])
         self.names = tuple([e.name for e in self.entries])
+        #: Whether the module laid out shares a tensor between two names (the layout
+        #: holds it once): a functional call must then untie them (a walk over all the
+        #: module's tensors per call, so it is asked here, once).
+        self.tied = tied
 
     @classmethod
     def of(
-        cls, named: Iterable[tuple[str, Tensor]], *, channels_last: bool | None = None
-    ) -> FlatLayout:
+        cls, named: Iterable[tuple[str, Tensor]], *, channels_last: bool | None = None,
+        tied: bool = False,
+    ) -> FlatLayout:  # fmt: skip
         """The layout of these tensors; ``channels_last``: lay every 4-d tensor out so
         (default: as each tensor is laid out now)."""
         entries, offset = [], 0
@@ -90,7 +95,18 @@ class FlatLayout:
             cl = is_channels_last(t) if channels_last is None else channels_last and t.dim() == 4
             entries.append(Entry(name, tuple(t.shape), offset, t.numel(), cl))
             offset += t.numel()
-        return cls(entries)
+        return cls(entries, tied=tied)
+
+    @classmethod
+    def of_module(
+        cls, module: nn.Module, *, prefix: str = "", channels_last: bool | None = None
+    ) -> FlatLayout:
+        """The layout of a module's parameters (named ``prefix`` + their name)."""
+        named = [*module.named_parameters(remove_duplicate=False),
+                 *module.named_buffers(remove_duplicate=False)]  # fmt: skip
+        tied = len({id(t) for _, t in named}) != len(named)
+        params = ((prefix + n, p) for n, p in module.named_parameters())
+        return cls.of(params, channels_last=channels_last, tied=tied)
 
     def flatten(self, tensors: Sequence[Tensor]) -> Tensor:
         """The tensors (in layout order) as one row (one ``cat``)."""
@@ -100,13 +116,33 @@ class FlatLayout:
         ]
         return torch.cat(parts) if parts else torch.zeros(0)
 
+    @cached_property
+    def sizes(self) -> list[int]:
+        return [e.numel for e in self.entries]
+
     def row_views(self, row: Tensor) -> list[Tensor]:
-        """Views of one row ``[width]`` shaped (and strided) like the original tensors."""
+        """Views of one row ``[width]`` shaped (and strided) like the original tensors
+        (one ``split``; also inside ``vmap``, where ``row`` is one row of a batch)."""
+        if not self.entries:
+            return []
         out = []
-        for e in self.entries:
-            piece = row[e.offset : e.offset + e.numel].view(e.stored)
-            out.append(piece.permute(*CHANNELS_LAST_INVERSE) if e.channels_last else piece)
+        for e, piece in zip(self.entries, torch.split(row, self.sizes), strict=True):
+            view = piece.view(e.stored)
+            out.append(view.permute(*CHANNELS_LAST_INVERSE) if e.channels_last else view)
         return out
+
+    def under(self, prefix: str) -> tuple[int, FlatLayout]:
+        """The columns of the tensors named under ``prefix`` (one module's, which lie
+        together): where they start, and their layout from there, names relative."""
+        inside = [e for e in self.entries if e.name.startswith(prefix)]
+        lo = inside[0].offset if inside else 0
+        layout = FlatLayout(
+            [Entry(e.name[len(prefix) :], e.shape, e.offset - lo, e.numel, e.channels_last)
+             for e in inside], tied=self.tied,
+        )  # fmt: skip
+        if inside and inside[-1].offset + inside[-1].numel - lo != layout.width:
+            raise ValueError(f"the tensors under {prefix!r} are not contiguous in the layout")
+        return lo, layout
 
     def stack_views(self, flat: Tensor) -> dict[str, Tensor]:
         """``[n, width]`` as ``{name: [n, *shape]}``. One ``split``, so a gradient of
@@ -120,6 +156,14 @@ class FlatLayout:
                 view = view.permute(0, *_STACKED_INVERSE)
             out[e.name] = view
         return out
+
+
+@dataclass(frozen=True)
+class HostPart:
+    """One host module's share of the host rows: what one vmapped call of it takes."""
+
+    layout: FlatLayout  # its tensors' columns, named inside the module
+    buffers: Names  # its buffers, by full name and by name inside the module
 
 
 @dataclass(frozen=True)
@@ -144,7 +188,7 @@ class Segment:
             Entry(e.name, e.shape, base + e.offset, e.numel, e.channels_last)
             for e in self.gate.entries
         ]
-        return FlatLayout([*self.seed.entries, *gate])
+        return FlatLayout([*self.seed.entries, *gate], tied=self.seed.tied or self.gate.tied)
 
     @property
     def width(self) -> int:
@@ -165,12 +209,12 @@ class SeedLayout:
             width = model.positions[slot_id].width
             with torch.device("meta"):
                 gate = _fmt(BlendGate(width, model.topology), channels_last)
-            gate_layout = FlatLayout.of((f"gate.{n}", p) for n, p in gate.named_parameters())
+            gate_layout = FlatLayout.of_module(gate, prefix="gate.")
             for name in model.registry.names(model.topology):
                 bp = model.registry.get(model.topology, name)
                 with torch.device("meta"):
                     seed = _fmt(bp.factory(width), channels_last)
-                seed_layout = FlatLayout.of((f"seed.{n}", p) for n, p in seed.named_parameters())
+                seed_layout = FlatLayout.of_module(seed, prefix="seed.")
                 seg = Segment(slot_id, name, offset, seed_layout, gate_layout)
                 self.segments[(slot_id, name)] = seg
                 offset += seg.width
@@ -249,7 +293,7 @@ class HostStore:
         #: The seed kinds of the last train (True) and evaluation (False) pass, by
         #: signature (``slot_groups.HostBatch``: the grouping persists while it holds).
         self.kinds_seen: dict[bool, dict[tuple[object, ...], Any]] = {}
-        self._host_names: dict[str, tuple[Names, Names]] = {}
+        self._host_parts: dict[tuple[str, ...], tuple[HostPart, ...]] = {}
         #: Each seed column's part (a segment's seed tensors, or its gate's): what the
         #: SGD masks are built from, per (env, part).
         starts = sorted(
@@ -268,7 +312,7 @@ class HostStore:
         """A store of envs whose modules hold their tensors (values stacked; the module
         tensors re-pointed to the rows; momentum taken from the host optimizers)."""
         host = [list(e.model.host.named_parameters()) for e in envs]
-        layout = FlatLayout.of(host[0])
+        layout = FlatLayout.of_module(envs[0].model.host)
         with torch.no_grad():
             params = torch.stack([layout.flatten([p for _, p in named]) for named in host])
             if any(e.host_optimizer.state for e in envs):  # a group formed mid-training
@@ -303,10 +347,10 @@ class HostStore:
         the values a host built alone gets), then the whole store moves to the device in
         one copy per tensor."""
         host = envs[0].model.host
-        layout = FlatLayout.of(host.named_parameters(), channels_last=channels_last)
+        layout = FlatLayout.of_module(host, channels_last=channels_last)
         # The rows' values as the tensors of a freshly built host: contiguous (a reused
         # host's tensors are channels-last views; init fills in memory order).
-        staging = FlatLayout.of(host.named_parameters(), channels_last=False)
+        staging = FlatLayout.of_module(host, channels_last=False)
         n = len(envs)
         params = torch.empty(n, layout.width)
         buffers = {k: torch.empty(n, *b.shape, dtype=b.dtype) for k, b in host.named_buffers()}
@@ -382,13 +426,22 @@ class HostStore:
             self.index_cache[key] = found
         return found
 
-    def host_names(self, prefix: str) -> tuple[Names, Names]:
-        """The full names of the host parameters and buffers under ``prefix`` (one of
-        the host's modules) with their names inside that module, found once per store."""
-        found = self._host_names.get(prefix)
+    def host_parts(self, prefixes: tuple[str, ...]) -> tuple[HostPart, ...]:
+        """The host modules a forward calls, in order (by name ``prefixes``), each with
+        its columns of the host rows, found once per store. Their columns tile the row
+        in that order, so one ``split`` of the rows gives every module its own."""
+        found = self._host_parts.get(prefixes)
         if found is None:
-            found = (_under(prefix, self.params_layout.names), _under(prefix, self.buffers))
-            self._host_names[prefix] = found
+            parts, end = [], 0
+            for prefix in prefixes:
+                lo, layout = self.params_layout.under(prefix)
+                if layout.width and lo != end:
+                    raise ValueError(f"the host tensors under {prefix!r} are out of order")
+                end += layout.width
+                parts.append(HostPart(layout, _under(prefix, self.buffers)))
+            if end != self.params_layout.width:
+                raise ValueError(f"host tensors outside the modules called ({prefixes})")
+            found = self._host_parts[prefixes] = tuple(parts)
         return found
 
     def alphas(self) -> np.ndarray:

@@ -206,28 +206,24 @@ class HostBatch:
             host = store.params
             if self._member_index is not None:
                 host = host.index_select(0, self._member_index)
-        params = store.params_layout.stack_views(host)
         buffers = store.buffers
         if self._member_index is not None:
             index = self._member_index
             buffers = {k: b.index_select(0, index) for k, b in buffers.items()}
         host_net = self.model.host
-        h = self._call_host(host_net.stem, "stem.", params, buffers, x)
-        for i, segment in enumerate(host_net.segments):
-            h = self._call_host(segment, f"segments.{i}.", params, buffers, h)
-            slot_id = self.slot_at.get(i)
+        modules = (host_net.stem, *host_net.segments, host_net.head)
+        parts = store.host_parts(_host_prefixes(len(host_net.segments)))
+        # One split (its gradient: one cat); each module unpacks its columns itself.
+        columns = torch.split(host, [p.layout.width for p in parts], dim=1)
+        h = x
+        for i, (module, part, cols) in enumerate(zip(modules, parts, columns, strict=True)):
+            (b_full, b_own) = part.buffers
+            bufs = dict(zip(b_own, map(buffers.__getitem__, b_full), strict=True))
+            h = _vmapped(module, part.layout, cols, bufs, h)
+            slot_id = self.slot_at.get(i - 1)  # module i is segment i - 1
             if slot_id is not None:
                 h = self._slot(slot_id, h)
-        return self._call_host(host_net.head, "head.", params, buffers, h)
-
-    def _call_host(
-        self, module: nn.Module, prefix: str, params: dict[str, Tensor],
-        buffers: dict[str, Tensor], h: Tensor,
-    ) -> Tensor:  # fmt: skip
-        (p_full, p_own), (b_full, b_own) = self.store.host_names(prefix)
-        own = dict(zip(p_own, map(params.__getitem__, p_full), strict=True))
-        bufs = dict(zip(b_own, map(buffers.__getitem__, b_full), strict=True))
-        return _vmapped(module, own, bufs, h)
+        return h
 
     def _slot(self, slot_id: str, h: Tensor) -> Tensor:
         kinds = self.kinds[slot_id]
@@ -237,11 +233,12 @@ class HostBatch:
         everyone = len(kinds) == 1 and len(kinds[0].rows) == len(self.members)
         out = h
         for kind in kinds:
-            params = kind.layout.stack_views(self.leaves[id(kind)])
+            leaf = self.leaves[id(kind)]
             if everyone:  # every row runs the same seed kind here: no gather, no scatter
-                return _vmapped(kind.module, params, {}, h, column)
+                return _vmapped(kind.module, kind.layout, leaf, {}, h, column)
             alpha = column.index_select(0, kind.index)
-            part = _vmapped(kind.module, params, {}, h.index_select(0, kind.index), alpha)
+            rows = h.index_select(0, kind.index)
+            part = _vmapped(kind.module, kind.layout, leaf, {}, rows, alpha)
             out = out.index_copy(0, kind.index, part.to(out.dtype))
         return out
 
@@ -400,15 +397,25 @@ class HostBatch:
                         params[name].grad = view
 
 
-def _vmapped(
-    module: nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor], h: Tensor,
-    *extra: Tensor,
-) -> Tensor:  # fmt: skip
-    """``module`` vmapped over stacked parameters, buffers and inputs (dim 0)."""
+def _host_prefixes(n_segments: int) -> tuple[str, ...]:
+    """The host modules a forward calls, in order: stem, segments, head."""
+    return ("stem.", *[f"segments.{i}." for i in range(n_segments)], "head.")
 
-    def one(p: dict[str, Tensor], b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
-        out: Tensor = functional_call(module, (p, b), (z, *e))
+
+def _vmapped(
+    module: nn.Module, layout: FlatLayout, flat: Tensor, buffers: dict[str, Tensor],
+    h: Tensor, *extra: Tensor,
+) -> Tensor:  # fmt: skip
+    """``module`` vmapped over rows of flat parameters ``[R, layout.width]``, stacked
+    buffers and inputs (dim 0). The parameters enter vmap as one tensor and are unpacked
+    into the module's tensors inside it: vmap's per-input work (flattening, batching
+    each tensor) is then done once per call, not once per tensor."""
+    names, views, untie = layout.names, layout.row_views, layout.tied
+
+    def one(row: Tensor, b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
+        p = dict(zip(names, views(row), strict=True))
+        out: Tensor = functional_call(module, (p, b), (z, *e), tie_weights=untie)
         return out
 
-    out: Tensor = torch.vmap(one)(params, buffers, h, *extra)
+    out: Tensor = torch.vmap(one)(flat, buffers, h, *extra)
     return out
