@@ -481,3 +481,31 @@ def test_one_seed_kind_in_every_env_matches_the_per_env_path(digits) -> None:
     s0 = batched[0].model.slot_ids[0]
     assert groups == [{}, {s0: [N_ENVS]}, {s0: [N_ENVS]}]
     assert {e.model.slot(s0).alpha.alpha for e in batched} == {0.5, 0.25}
+
+
+def test_each_pass_runs_its_own_templates_in_its_own_mode(digits) -> None:
+    """Training runs the first env's modules, evaluation the last's, so each keeps its
+    mode between passes; every module a pass runs is in that pass's mode, and a seed
+    germinated into a slot in eval mode starts in eval mode too."""
+    envs = _envs(digits)
+    s0, s1 = envs[0].model.slot_ids[:2]
+    for env in (envs[0], envs[-1]):
+        _germinate(env, s0, "conv_heavy", 2)
+        _drive(env, s0, SeedStage.BLENDING)
+    store = _store(envs)
+
+    def modules(batch: HostBatch) -> list[torch.nn.Module]:
+        kinds = [k.module for ks in batch.kinds.values() for k in ks]
+        assert kinds, "the blending seeds run in both passes"
+        return [m for root in (batch.template.host, *kinds) for m in root.modules()]
+
+    for _ in range(2):
+        train_batch, eval_batch = HostBatch(store), HostBatch(store, train=False)
+        train_batch.set_modes()
+        eval_batch.set_modes()
+        assert all(m.training for m in modules(train_batch))
+        assert not any(m.training for m in modules(eval_batch))
+    assert train_batch.template is envs[0].model and eval_batch.template is envs[-1].model
+    envs[-1].model.eval()
+    _germinate(envs[-1], s1, "conv_light", 2)
+    assert not any(m.training for m in envs[-1].model.slot(s1).modules())

@@ -49,13 +49,14 @@ def test_flat_rows_give_each_row_its_own_parameters_and_gradients(channels_last:
     layout = FlatLayout.of_module(conv)
     assert any(e.channels_last for e in layout.entries) == channels_last
     flat = _rows(conv, layout, 3)
-    x = torch.randn(3, 5, 2, 6, 6)
+    x = torch.randn(3, 5, 2, 6, 6, generator=torch.Generator().manual_seed(1))
     got = _vmapped(conv, layout, flat, {}, x)
     (grad,) = torch.autograd.grad(got.square().sum(), flat)
     want = _per_row(conv, layout, flat, x)
     (want_grad,) = torch.autograd.grad(want.square().sum(), flat)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(grad, want_grad)
+    # Up to summation order (a row's mix-up with another's would be off by O(1)).
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-4)
 
 
 def test_a_module_with_tied_weights_is_untied_per_row() -> None:
@@ -64,7 +65,7 @@ def test_a_module_with_tied_weights_is_untied_per_row() -> None:
     assert layout.names == ("a.weight",) and layout.tied
     assert not FlatLayout.of_module(nn.Linear(2, 2)).tied
     flat = _rows(tied, layout, 2)
-    x = torch.randn(2, 4, 3)
+    x = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(1))
     got = _vmapped(tied, layout, flat, {}, x)
     for r in range(2):
         w = flat[r].view(3, 3)

@@ -92,8 +92,7 @@ class SeedSlot(SlotState, nn.Module):
         initiator: Initiator,
     ) -> None:
         """DORMANT -> GERMINATED with a freshly built seed (G0 already passed)."""
-        self.seed = seed
-        self.gate = gate
+        self._put(seed, gate)
         self.germinate(
             seed_id=seed_id,
             blueprint=blueprint,
@@ -114,8 +113,7 @@ class SeedSlot(SlotState, nn.Module):
         metrics: SeedMetrics,
     ) -> None:
         """Put a fossilized seed back from a snapshot (a restore, not a transition)."""
-        self.seed = seed
-        self.gate = gate
+        self._put(seed, gate)
         own = self.life
         for group, view in ((LIFECYCLE_COLUMNS, life), (METRICS_COLUMNS, metrics)):
             for name in group:
@@ -123,6 +121,12 @@ class SeedSlot(SlotState, nn.Module):
                 column[own.row, own.col] = getattr(view.table, name)[view.row, view.col]
         self.n_params = sum(p.numel() for p in self.seed_parameters())
         self.alpha.reset(ALPHA_MAX)
+
+    def _put(self, seed: nn.Module, gate: BlendGate | None) -> None:
+        """The seed's modules take the slot's train/eval mode: a tree's mode is then its
+        root's (what the batched passes check instead of setting it at every pass)."""
+        self.seed = seed.train(self.training)
+        self.gate = gate.train(self.training) if gate is not None else None
 
     def clear_for_restore(self) -> None:
         """Empty the slot without a transition (the snapshot predates its seed)."""

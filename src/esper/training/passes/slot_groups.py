@@ -102,6 +102,9 @@ class HostBatch:
         self.train = train
         self.envs = store.envs
         self.model = store.envs[0].model
+        #: Whose modules run the pass's code: the first env's in training, the last's in
+        #: evaluation, so each keeps its mode across passes (:meth:`set_modes`).
+        self.template = self.envs[0 if train else -1].model
         self.device = store.device
         self.members = np.arange(len(self.envs)) if members is None else members
         self.whole = members is None  # each env once, in order: the store itself
@@ -160,7 +163,7 @@ class HostBatch:
     def _kind(self, col: int, slot_id: str, batch_rows: np.ndarray) -> _Kind:
         store, t = self.store, self.store.table.slots
         env_rows = self.members[batch_rows]
-        lead = int(env_rows[0])
+        lead = int(env_rows[0 if self.train else -1])  # its slot runs the code (set_modes)
         row = int(store.rows[lead])
         env = self.envs[lead]
         slot = env.model.slot_at(col)
@@ -210,7 +213,7 @@ class HostBatch:
         if self._member_index is not None:
             index = self._member_index
             buffers = {k: b.index_select(0, index) for k, b in buffers.items()}
-        host_net = self.model.host
+        host_net = self.template.host
         modules = (host_net.stem, *host_net.segments, host_net.head)
         parts = store.host_parts(_host_prefixes(len(host_net.segments)))
         # One split (its gradient: one cat); each module unpacks its columns itself.
@@ -243,11 +246,19 @@ class HostBatch:
         return out
 
     def set_modes(self) -> None:
-        """Train or eval mode on the modules whose code runs (the batch's templates)."""
-        self.model.host.train(self.train)
+        """Train or eval mode on the modules whose code runs (the batch's templates).
+
+        Training and evaluation take their templates from different envs (the first
+        and the last of a kind or a store), so a template's mode mostly stays as the
+        last such pass left it and is only checked here: a module's mode is set on the
+        whole tree at once (``nn.Module.train``, and a new seed takes its slot's), so a
+        tree's root says the mode of all of it."""
+        if self.template.host.training != self.train:
+            self.template.host.train(self.train)
         for kinds in self.kinds.values():
             for kind in kinds:
-                kind.module.train(self.train)
+                if kind.module.training != self.train:
+                    kind.module.train(self.train)
 
     # --- training ----------------------------------------------------------------------
 
