@@ -43,6 +43,7 @@ CLIP_EPS = 1e-6
 _BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
 _TRAINING = STAGE_CODE[SeedStage.TRAINING]
 _GATE = BLEND_CODE[BlendOp.GATE]
+_N_BLEND = len(BLEND_CODE)
 
 
 @dataclass(frozen=True)
@@ -140,18 +141,19 @@ class HostBatch:
             return []
         trainable = ~t.scheduled_prune[rows, col]
         stepping = self.store.table.seed_sgd[rows, col]
-        key = np.stack(
-            [t.blueprint_id[rows, col], training, t.blend_op[rows, col], trainable, stepping], 1
-        )[in_forward]
+        # The kind's key (blueprint, stage class, blend operator, trainability, whether
+        # it steps) as one integer per row: a 1-d unique, not a unique over rows.
+        key = t.blueprint_id[rows, col] * 2 + training
+        key = ((key * _N_BLEND + t.blend_op[rows, col]) * 2 + trainable) * 2 + stepping
+        key = key[in_forward]
         positions = np.nonzero(in_forward)[0]
-        first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)[1:]
+        first, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
         kinds = []
-        inverse = inverse.reshape(-1)
         for k in np.argsort(first, kind="stable"):  # kinds in order of their first row
             batch_rows = positions[inverse == k]
             # Same slot, key and rows as a kind of the last such pass: the same kind
             # (its template slot, layout, index tensors and SGD settings still hold).
-            signature = (col, key[first[k]].tobytes(), batch_rows.tobytes(),
+            signature = (col, int(key[first[k]]), batch_rows.tobytes(),
                          self.members[batch_rows].tobytes())  # fmt: skip
             kind = self._previous.get(signature)
             if kind is None:
