@@ -50,7 +50,7 @@ def test_flat_rows_give_each_row_its_own_parameters_and_gradients(channels_last:
     assert any(e.channels_last for e in layout.entries) == channels_last
     flat = _rows(conv, layout, 3)
     x = torch.randn(3, 5, 2, 6, 6, generator=torch.Generator().manual_seed(1))
-    got = _vmapped(conv, layout, flat, {}, x)
+    got = _vmapped([(conv, layout)], [layout.width], flat, [{}], x)
     (grad,) = torch.autograd.grad(got.square().sum(), flat)
     want = _per_row(conv, layout, flat, x)
     (want_grad,) = torch.autograd.grad(want.square().sum(), flat)
@@ -66,7 +66,7 @@ def test_a_module_with_tied_weights_is_untied_per_row() -> None:
     assert not FlatLayout.of_module(nn.Linear(2, 2)).tied
     flat = _rows(tied, layout, 2)
     x = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(1))
-    got = _vmapped(tied, layout, flat, {}, x)
+    got = _vmapped([(tied, layout)], [layout.width], flat, [{}], x)
     for r in range(2):
         w = flat[r].view(3, 3)
         torch.testing.assert_close(got[r], torch.relu(x[r] @ w.T) @ w.T)
@@ -84,3 +84,28 @@ def test_a_modules_columns_are_relative_to_where_they_start() -> None:
     )
     with pytest.raises(ValueError, match=r"'a\.' are not contiguous"):
         mixed.under("a.")
+
+
+def test_a_run_of_modules_is_one_call_equal_to_one_call_each() -> None:
+    """Host modules with no seed between them run in one vmapped call, each unpacking
+    its own columns and buffers (here a BatchNorm's running statistics, in eval mode)."""
+    first = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3)).eval()
+    second = nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2)).eval()
+    layouts = [FlatLayout.of_module(m) for m in (first, second)]
+    g = torch.Generator().manual_seed(2)
+    flats = [torch.randn(4, lay.width, generator=g) for lay in layouts]
+    bufs = [
+        {k: torch.rand(4, *b.shape, generator=g) + 0.5 for k, b in m.named_buffers() if b.dim()}
+        for m in (first, second)
+    ]
+    x = torch.randn(4, 5, 2, 6, 6, generator=g)
+    calls = list(zip((first, second), layouts, strict=True))
+    widths = [lay.width for lay in layouts]
+    together = _vmapped(calls, widths, torch.cat(flats, dim=1), bufs, x)
+    h = x
+    for call, flat, b in zip(calls, flats, bufs, strict=True):
+        h = _vmapped([call], [call[1].width], flat, [b], h)
+    torch.testing.assert_close(together, h)
+    # The stacked running statistics are used, not the modules' own.
+    plain = _vmapped(calls, widths, torch.cat(flats, dim=1), [{}, {}], x)
+    assert not torch.allclose(together, plain)

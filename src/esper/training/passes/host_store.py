@@ -294,6 +294,8 @@ class HostStore:
         #: signature (``slot_groups.HostBatch``: the grouping persists while it holds).
         self.kinds_seen: dict[bool, dict[tuple[object, ...], Any]] = {}
         self._host_parts: dict[tuple[str, ...], tuple[HostPart, ...]] = {}
+        #: The host's runs of modules per pass type and cut points (``HostBatch``).
+        self.runs_seen: dict[tuple[bool, tuple[int, ...]], Any] = {}
         #: Each seed column's part (a segment's seed tensors, or its gate's): what the
         #: SGD masks are built from, per (env, part).
         starts = sorted(

@@ -23,6 +23,8 @@ optimizers.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +38,7 @@ from esper.model.slot import SeedSlot
 from esper.model.slot_table import BLEND_CODE, STAGE_CODE, codes
 from esper.training.envs.env_state import TRAIN_ACCUM
 from esper.training.passes.batch_ops import PassOptions, autocast, loss_and_correct
-from esper.training.passes.host_store import FlatLayout, HostStore, clip_coefficients
+from esper.training.passes.host_store import FlatLayout, HostPart, HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
@@ -63,6 +65,31 @@ def sgd_settings(opt: torch.optim.Optimizer) -> SgdSettings | None:
     if group["dampening"] or group["nesterov"] or group["maximize"]:
         return None
     return SgdSettings(group["lr"], group["momentum"], group["weight_decay"])
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Host modules that run as one vmapped call (``HostBatch._host_runs``)."""
+
+    calls: list[tuple[nn.Module, FlatLayout]]  # each module and its parameters' layout
+    widths: list[int]  # each module's columns of the host row
+    names: list[dict[str, str]]  # each module's buffers: own name -> full name
+    buffers: list[dict[str, Tensor]]  # those of the store (a batch of every env once)
+    slot_id: str | None  # the slot after the run, with seed kinds to run (or None)
+
+    @classmethod
+    def of(
+        cls, modules: Sequence[nn.Module], parts: Sequence[HostPart], slot_id: str | None,
+        buffers: dict[str, Tensor],
+    ) -> _Run:  # fmt: skip
+        names = [dict(zip(p.buffers[1], p.buffers[0], strict=True)) for p in parts]
+        return cls(
+            calls=[(m, p.layout) for m, p in zip(modules, parts, strict=True)],
+            widths=[p.layout.width for p in parts],
+            names=names,
+            buffers=[{own: buffers[full] for own, full in b.items()} for b in names],
+            slot_id=slot_id,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,6 +149,8 @@ class HostBatch:
         store.kinds_seen[train] = self._seen
         self.host_settings = store.host_settings
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
+        self._runs: list[_Run] | None = None
+        self._run_widths: list[int] = []
         self._loss = torch.vmap(loss_and_correct)
         self.accum = torch.zeros(len(self.members), TRAIN_ACCUM.width, device=self.device)
         self.leaves: dict[int, Tensor] = {}
@@ -211,24 +240,46 @@ class HostBatch:
             host = store.params
             if self._member_index is not None:
                 host = host.index_select(0, self._member_index)
-        buffers = store.buffers
-        if self._member_index is not None:
+        runs = self._host_runs()
+        if self._member_index is not None:  # the rows' own buffers, gathered
             index = self._member_index
-            buffers = {k: b.index_select(0, index) for k, b in buffers.items()}
-        host_net = self.template.host
-        modules = (host_net.stem, *host_net.segments, host_net.head)
-        parts = store.host_parts(_host_prefixes(len(host_net.segments)))
-        # One split (its gradient: one cat); each module unpacks its columns itself.
-        columns = torch.split(host, [p.layout.width for p in parts], dim=1)
+            gathered = {k: b.index_select(0, index) for k, b in store.buffers.items()}
         h = x
-        for i, (module, part, cols) in enumerate(zip(modules, parts, columns, strict=True)):
-            (b_full, b_own) = part.buffers
-            bufs = dict(zip(b_own, map(buffers.__getitem__, b_full), strict=True))
-            h = _vmapped(module, part.layout, cols, bufs, h)
-            slot_id = self.slot_at.get(i - 1)  # module i is segment i - 1
-            if slot_id is not None:
-                h = self._slot(slot_id, h)
+        # One split of the host rows (its gradient: one cat), one columns block per run.
+        for run, cols in zip(runs, torch.split(host, self._run_widths, dim=1), strict=True):
+            bufs = run.buffers
+            if self._member_index is not None:
+                bufs = [{own: gathered[full] for own, full in b.items()} for b in run.names]
+            h = _vmapped(run.calls, run.widths, cols, bufs, h)
+            if run.slot_id is not None:
+                h = self._slot(run.slot_id, h)
         return h
+
+    def _host_runs(self) -> list[_Run]:
+        """The host modules in runs that each run as one vmapped call: a run ends where
+        a slot after it has seed kinds to run (elsewhere the activation passes through,
+        so the next module follows in the same call). Made once per batch."""
+        if self._runs is None:
+            host = self.template.host
+            modules = (host.stem, *host.segments, host.head)
+            parts = self.store.host_parts(_host_prefixes(len(host.segments)))
+            # Module i is followed by the slot of segment i - 1, if any (none after the head).
+            after = [self.slot_at.get(i - 1) for i in range(len(modules) - 1)] + [None]
+            cuts = [i + 1 for i, slot_id in enumerate(after) if slot_id and self.kinds[slot_id]]
+            bounds = (0, *cuts, len(modules))
+            # The same cuts recur from pass to pass: their runs are kept on the store.
+            found = self.store.runs_seen.get((self.train, bounds))
+            if found is None:
+                runs = [
+                    _Run.of(modules[a:b], parts[a:b], after[b - 1], self.store.buffers)
+                    for a, b in itertools.pairwise(bounds)
+                ]
+                found = self.store.runs_seen[(self.train, bounds)] = (
+                    runs,
+                    [sum(r.widths) for r in runs],
+                )
+            self._runs, self._run_widths = found
+        return self._runs
 
     def _slot(self, slot_id: str, h: Tensor) -> Tensor:
         kinds = self.kinds[slot_id]
@@ -239,11 +290,12 @@ class HostBatch:
         out = h
         for kind in kinds:
             leaf = self.leaves[id(kind)]
+            calls, widths = [(kind.module, kind.layout)], [kind.layout.width]
             if everyone:  # every row runs the same seed kind here: no gather, no scatter
-                return _vmapped(kind.module, kind.layout, leaf, {}, h, column)
+                return _vmapped(calls, widths, leaf, [{}], h, column)
             alpha = column.index_select(0, kind.index)
             rows = h.index_select(0, kind.index)
-            part = _vmapped(kind.module, kind.layout, leaf, {}, rows, alpha)
+            part = _vmapped(calls, widths, leaf, [{}], rows, alpha)
             out = out.index_copy(0, kind.index, part.to(out.dtype))
         return out
 
@@ -416,19 +468,23 @@ def _host_prefixes(n_segments: int) -> tuple[str, ...]:
 
 
 def _vmapped(
-    module: nn.Module, layout: FlatLayout, flat: Tensor, buffers: dict[str, Tensor],
-    h: Tensor, *extra: Tensor,
+    calls: Sequence[tuple[nn.Module, FlatLayout]], widths: list[int], flat: Tensor,
+    buffers: Sequence[dict[str, Tensor]], h: Tensor, *extra: Tensor,
 ) -> Tensor:  # fmt: skip
-    """``module`` vmapped over rows of flat parameters ``[R, layout.width]``, stacked
-    buffers and inputs (dim 0). The parameters enter vmap as one tensor and are unpacked
-    into the module's tensors inside it: vmap's per-input work (flattening, batching
-    each tensor) is then done once per call, not once per tensor."""
-    names, views, untie = layout.names, layout.row_views, layout.tied
+    """Modules called one after the other (``calls``: each with its parameters' layout),
+    vmapped over rows of their flat parameters ``[R, widths summed]``, stacked buffers
+    (one dict per module) and inputs (dim 0). The parameters enter vmap as one tensor
+    and are unpacked into each module's tensors inside it, and a run of modules is one
+    call: vmap's per-call and per-input work (flattening, batching each input, moving
+    the batch dimension back) is done once, not once per module and tensor; ``widths``:
+    each module's columns."""
 
-    def one(row: Tensor, b: dict[str, Tensor], z: Tensor, *e: Tensor) -> Tensor:
-        p = dict(zip(names, views(row), strict=True))
-        out: Tensor = functional_call(module, (p, b), (z, *e), tie_weights=untie)
-        return out
+    def one(row: Tensor, bufs: list[dict[str, Tensor]], z: Tensor, *e: Tensor) -> Tensor:
+        pieces = torch.split(row, widths) if len(calls) > 1 else (row,)
+        for (module, layout), piece, b in zip(calls, pieces, bufs, strict=True):
+            p = dict(zip(layout.names, layout.row_views(piece), strict=True))
+            z = functional_call(module, (p, b), (z, *e), tie_weights=layout.tied)
+        return z
 
-    out: Tensor = torch.vmap(one)(flat, buffers, h, *extra)
+    out: Tensor = torch.vmap(one)(flat, list(buffers), h, *extra)
     return out
