@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from esper.training.passes.host_store import FlatLayout
+from esper.training.passes.flat_layout import FlatLayout
 from esper.training.passes.slot_groups import _vmapped
 
 

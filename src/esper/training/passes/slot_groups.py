@@ -38,7 +38,8 @@ from esper.model.slot import SeedSlot
 from esper.model.slot_table import BLEND_CODE, STAGE_CODE, codes
 from esper.training.envs.env_state import TRAIN_ACCUM
 from esper.training.passes.batch_ops import PassOptions, autocast, loss_and_correct
-from esper.training.passes.host_store import FlatLayout, HostPart, HostStore, clip_coefficients
+from esper.training.passes.flat_layout import FlatLayout, HostPart
+from esper.training.passes.host_store import HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
