@@ -208,6 +208,9 @@ def test_host_work_measures_both_trees_by_turns(tmp_path: Path) -> None:
     for r in rows.values():
         assert (r["variant"], r["n_envs"]) == ("batched", 2)
         assert positive(r["calls_per_env_step"]) and positive(r["transfers_per_step"])
+        # Every Python call counts in "all", ours and torch's among them (vmap's included).
+        calls, torch_calls = r["calls_per_env_step"], r["torch_calls_per_env_step"]
+        assert positive(torch_calls) and r["all_calls_per_env_step"] >= calls + torch_calls
         assert r["top_functions"] and all(positive(f["per_env_step"]) for f in r["top_functions"])
         loops = r["loops"]  # the loops that grow with n_envs are some of all the loops
         assert loops["loop_iterations_per_env_step"] >= 0
@@ -222,7 +225,8 @@ def test_host_work_measures_both_trees_by_turns(tmp_path: Path) -> None:
         assert sites["shares"]["esper.training.envs.host_envs:HostEnvs.step"] > 0
     if not data["trees"][0]["dirty"]:  # same code: the counts are deterministic
         work, ref = rows["working"], rows["HEAD"]
-        for key in ("calls_per_env_step", "transfers_per_step", "top_functions", "loops"):
+        for key in ("calls_per_env_step", "torch_calls_per_env_step", "transfers_per_step",
+                    "top_functions", "loops"):  # fmt: skip
             assert work[key] == ref[key], key
         for key in ("launches_per_env_step", "syncs_per_env_step"):
             assert work["launches"][key] == ref["launches"][key], key
