@@ -4,7 +4,9 @@ per slot.
 Why: on a GPU these hosts are launch-bound, so the work of a step must not grow with
 the number of envs or parameters. :class:`HostBatch` runs each host segment once,
 vmapped over its rows' host parameters (the group's
-:class:`~esper.training.passes.host_store.HostStore`). At each slot it splits the batch only by
+:class:`~esper.training.passes.host_store.HostStore`), and the segments between two
+slots without seeds to run in one call (each vmapped call costs the host Python of its
+own, whatever its arithmetic). At each slot it splits the batch only by
 that slot's seed kind (blueprint, stage class, blend operator, trainability, whether it
 steps), read from the round's slot table for all rows at once; runs each kind vmapped
 over its own rows (their rows of the seed store, gathered with one index); and puts the
