@@ -58,6 +58,8 @@ def test_columns_write_the_rows_structs_write(tmp_path: Path, tag: str) -> None:
     assert structs.run_dir is not None and columns.run_dir is not None
     expected, got = read_type(structs.run_dir, tag), read_type(columns.run_dir, tag)
     assert len(got) == len(expected) >= len(VARIANTS)
+    if tag == "writer_stats":  # the close's own row (last) counts this run's file bytes,
+        expected, got = expected[:-1], got[:-1]  # which vary with the timestamps in them
     for a, b in zip(expected, got, strict=True):
         assert rows_equal(_unstamped(a), _unstamped(b)) == []
 
