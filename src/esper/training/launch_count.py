@@ -139,26 +139,26 @@ class _Stack:
         """(phase, call site or "", the reader on the stack: "copy" for :func:`host_copy`,
         "host" for :func:`host_array`, else "")."""
         frame: FrameType | None = sys._getframe(2)
-        phase, site, in_copy = "", "", ""
+        phase, site, reader = "", "", ""
         while frame is not None:
             if frame.f_code is self._host_copy:
-                in_copy = "copy"
+                reader = "copy"
             elif frame.f_code is self._host_array:
-                in_copy = "host"
+                reader = "host"
             if not phase:
                 phase = self._phase(frame) or ""
             if want_site and not site:
                 module = frame.f_globals.get("__name__", "")
                 if module.startswith(SITE_PACKAGES) and module != __name__:
                     site = f"{module.removeprefix('esper.')}.{frame.f_code.co_qualname}"
-            if phase and (site or not want_site) and (in_copy or not want_copy):
+            if phase and (site or not want_site) and (reader or not want_copy):
                 break
             frame = frame.f_back
         if threading.current_thread() is self._main:
             self._last_phase = phase or "other"
         elif not phase:
             phase, site = self._last_phase, site or "(autograd thread)"
-        return phase or "other", site, in_copy
+        return phase or "other", site, reader
 
 
 @dataclass

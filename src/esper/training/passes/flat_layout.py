@@ -18,9 +18,6 @@ from torch import Tensor, nn
 
 from esper.model.memory_format import is_channels_last
 
-#: Full tensor names under a module's prefix, and the same names inside that module.
-Names = tuple[tuple[str, ...], tuple[str, ...]]
-
 #: 4-d tensors kept channels-last are laid out (O, H, W, I) in their row.
 CHANNELS_LAST_ORDER = (0, 2, 3, 1)
 CHANNELS_LAST_INVERSE = (0, 3, 1, 2)
@@ -50,7 +47,8 @@ class FlatLayout:
 
     def __init__(self, entries: Sequence[Entry], *, tied: bool = False) -> None:
         self.entries = tuple(entries)
-        self.width = sum([e.numel for e in self.entries])
+        self.sizes = [e.numel for e in self.entries]
+        self.width = sum(self.sizes)
         self.names = tuple([e.name for e in self.entries])
         #: Whether the module laid out shares a tensor between two names (the layout
         #: holds it once): a functional call must then untie them (a walk over all the
@@ -90,10 +88,6 @@ class FlatLayout:
         ]
         return torch.cat(parts) if parts else torch.zeros(0)
 
-    @cached_property
-    def sizes(self) -> list[int]:
-        return [e.numel for e in self.entries]
-
     def row_views(self, row: Tensor) -> list[Tensor]:
         """Views of one row ``[width]`` shaped (and strided) like the original tensors
         (one ``split``; also inside ``vmap``, where ``row`` is one row of a batch)."""
@@ -123,7 +117,7 @@ class FlatLayout:
         ``flat`` flows back through one ``cat`` rather than one copy per tensor."""
         n = flat.shape[0]
         out: dict[str, Tensor] = {}
-        pieces = torch.split(flat, [e.numel for e in self.entries], dim=1)
+        pieces = torch.split(flat, self.sizes, dim=1)
         for e, piece in zip(self.entries, pieces, strict=True):
             view = piece.view(n, *e.stored)
             if e.channels_last:
@@ -137,10 +131,9 @@ class HostPart:
     """One host module's share of the host rows: what one vmapped call of it takes."""
 
     layout: FlatLayout  # its tensors' columns, named inside the module
-    buffers: Names  # its buffers, by full name and by name inside the module
+    buffers: dict[str, str]  # its buffers: name inside the module -> full name
 
 
-def names_under(prefix: str, names: Iterable[str]) -> Names:
-    """The names under ``prefix`` (one module's), in full and inside that module."""
-    full = tuple([k for k in names if k.startswith(prefix)])
-    return full, tuple([k[len(prefix) :] for k in full])
+def names_under(prefix: str, names: Iterable[str]) -> dict[str, str]:
+    """The names under ``prefix`` (one module's): name inside the module -> full name."""
+    return {k[len(prefix) :]: k for k in names if k.startswith(prefix)}

@@ -85,12 +85,11 @@ class _Run:
         cls, modules: Sequence[nn.Module], parts: Sequence[HostPart], slot_id: str | None,
         buffers: dict[str, Tensor],
     ) -> _Run:  # fmt: skip
-        names = [dict(zip(p.buffers[1], p.buffers[0], strict=True)) for p in parts]
         return cls(
             calls=[(m, p.layout) for m, p in zip(modules, parts, strict=True)],
             widths=[p.layout.width for p in parts],
-            names=names,
-            buffers=[{own: buffers[full] for own, full in b.items()} for b in names],
+            names=[p.buffers for p in parts],
+            buffers=[{own: buffers[full] for own, full in p.buffers.items()} for p in parts],
             slot_id=slot_id,
         )
 
