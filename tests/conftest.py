@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,6 +52,21 @@ def _namespaces_available() -> bool:
         check=False,
     )
     return probe.returncode == 0
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_delivered() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the tests, however pytest was started: a shell
+    starts a background job (``pytest &``, a CI step run that way) with SIGINT ignored,
+    and a test that presses Ctrl-C in this process would then see nothing happen."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(autouse=True)
