@@ -95,6 +95,30 @@ def test_host_envs_step_through_an_episode_with_data_only() -> None:
     assert np.array_equal(s.episode["reward_sum"], totals)
 
 
+def test_only_a_change_in_seeds_sends_an_env_to_its_optimizers_and_store() -> None:
+    """A germination or prune changes an env's modules (its seed optimizers are brought in
+    line, a batched pass adopts its seeds); an ADVANCE only checks a gate and moves a
+    stage, so the env is left alone however many records it reports."""
+    envs = _envs(_config())
+    envs.reset(0)
+    t = envs.t
+    slot = envs.space.slot_ids[0]
+    advance = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=slot)
+    prune = DecodedAction(op=LifecycleOp.PRUNE, slot_id=slot, alpha_speed=0)
+    for step, actions in enumerate([[_germinate(envs)] * 2, [advance, WAIT], [prune, WAIT]]):
+        envs.advance(0, step, PhaseTimes())
+        t.unadopted.clear()
+        transitions = envs.step(_heads(envs, actions), step)
+        kinds = {type(r).__name__ for row, r in transitions.records if row == 0}
+        if actions[0] is advance:  # a gate checked (G2, passed or not: records either way)
+            assert "GateEvaluated" in kinds and kinds <= {"GateEvaluated", "SeedStageChanged"}
+            assert t.unadopted == set()
+        else:
+            assert transitions.executed.all()
+            assert t.unadopted == ({0, 1} if step == 0 else {0})
+        assert bool(envs.states[0].seed_optimizers) == (actions[0] is not prune)
+
+
 def test_a_rollback_comes_back_as_data() -> None:
     faults = FaultPlan([Fault(FaultKind.NAN, round=0, step=2, env=1)])
     envs = _envs(_config(), faults)

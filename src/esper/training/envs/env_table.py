@@ -100,16 +100,18 @@ class EnvTable:
 
     def reporter(self, row: int) -> Callable[[LifecycleEvent], None]:
         """Where env ``row``'s model reports its lifecycle records: into :attr:`records`
-        (in the order they happen), counted into its episode totals, and the env marked
-        as changed in structure (its seed optimizers are brought in line)."""
+        (in the order they happen), counted into its episode totals. A counted record
+        (a seed grown, fossilized or pruned) marks the env as changed in structure: its
+        seed optimizers are brought in line and a batched pass adopts its seeds. Gate
+        checks and other stage moves change no module, so they mark nothing."""
 
         def report(record: LifecycleEvent) -> None:
             self.records.append((row, record))
-            self.changed.add(row)
-            self.unadopted.add(row)
             name = COUNTED.get(type(record))
             if name is not None:
                 self.episode[name][row] += 1
+                self.changed.add(row)
+                self.unadopted.add(row)
 
         return report
 

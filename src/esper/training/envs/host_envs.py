@@ -245,7 +245,6 @@ class HostEnvs:
             executed[i] = execute_action(
                 self.states[i], action, step=step, initiator=self.initiator
             )
-            t.changed.add(i)
         for i in sorted(t.changed):
             sync_seed_optimizers(self.states[i])
         t.changed.clear()

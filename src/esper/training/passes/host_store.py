@@ -19,6 +19,7 @@ with dampening 0 (``0 * m + g == g``).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -364,9 +365,11 @@ class HostStore:
                 _repoint(tensors, lay.row_views(self.seed_params[i, cols]))
                 adopted[slot_id] = slot.seed
 
-    def parts_of(self, offset: int, width: int) -> list[int]:
-        """The parts that columns ``offset .. offset + width`` cover."""
-        return [i for i, a in enumerate(self._part_starts) if offset <= a < offset + width]
+    def parts_of(self, offset: int, width: int) -> slice:
+        """The parts that columns ``offset .. offset + width`` cover (consecutive ones:
+        the parts' starts are sorted)."""
+        starts = self._part_starts
+        return slice(bisect.bisect_left(starts, offset), bisect.bisect_left(starts, offset + width))
 
     def clear_momentum(self, env: EnvState) -> None:
         """A rollback cleared this env's optimizers: no momentum anywhere."""

@@ -415,7 +415,7 @@ class HostBatch:
             for k in stepping:
                 if k.settings == settings:
                     parts = store.parts_of(k.offset, k.layout.width)
-                    rows = np.array(k.rows)[:, None]
+                    rows = np.array(k.rows)
                     table[rows, parts] = 1.0
                     decay[rows, parts] = settings.momentum
             both = torch.from_numpy(np.stack([table, decay])).to(store.params.dtype)
