@@ -16,6 +16,7 @@ from esper.data.tasks import TaskSpec
 from esper.model.hosts import CNNHost, HostNetwork, TransformerHost
 from esper.model.initialization import init_module, materialize
 from esper.model.morphogenetic import MorphogeneticModel, Reporter
+from esper.model.seed_pool import SeedPool
 from esper.model.slot_table import SlotTable
 
 
@@ -82,10 +83,12 @@ def build_model(
     materialized: bool = True,
     table: SlotTable | None = None,
     row: int = 0,
+    pool: SeedPool | None = None,
 ) -> MorphogeneticModel:
     """Host + slots for ``spec`` (on CPU; move it with ``.to(device)``; with
     ``materialized=False`` the host on the meta device: :func:`build_host`). The slots'
-    state lives in row ``row`` of ``table`` (default: a table of its own)."""
+    state lives in row ``row`` of ``table`` (default: a table of its own); ``pool``: the
+    seed pool it shares with other models (default its own)."""
     network = build_host(host, spec, seed=seed, materialized=materialized)
     return MorphogeneticModel(
         network,
@@ -97,6 +100,7 @@ def build_model(
         reporter=reporter,
         table=table,
         row=row,
+        pool=pool,
     )
 
 

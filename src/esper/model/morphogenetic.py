@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -32,17 +33,20 @@ from esper.model.alpha import ALPHA_MAX, ALPHA_MIN
 from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
-from esper.model.initialization import materialize_small
+from esper.model.initialization import materialize_small, reinitialise
 from esper.model.lifecycle import BLENDED_STAGES
-from esper.model.memory_format import is_channels_last
+from esper.model.memory_format import IMAGE_DIMS, is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
+from esper.model.seed_pool import GATE, SeedPool
 from esper.model.slot import SeedSlot
 from esper.model.slot_table import STAGE_CODE, SlotTable, codes
 from esper.model.ticks import LIVE_CODES, tick_slots
 from esper.telemetry.events import LifecycleEvent
 
 Reporter = Callable[[LifecycleEvent], None]
+
+M = TypeVar("M", bound=nn.Module)
 
 #: Strides mixing (model seed, slot, germination count) into a seed module's RNG seed.
 GERMINATION_SEED_STRIDE = 1_000_033
@@ -70,11 +74,15 @@ class MorphogeneticModel(nn.Module):
         registry: BlueprintRegistry = DEFAULT_REGISTRY,
         table: SlotTable | None = None,
         row: int = 0,
+        pool: SeedPool | None = None,
     ) -> None:
         super().__init__()
         self.host = host
         self.topology: Topology = host.topology
         self.registry = registry
+        #: Removed seeds' modules, for germinations to reuse (shared by a trainer's
+        #: models: the env factory's; default this model's own).
+        self.pool = SeedPool() if pool is None else pool
         self.max_seeds = max_seeds
         self.strict_gates = strict_gates
         self._seed = seed
@@ -104,6 +112,8 @@ class MorphogeneticModel(nn.Module):
             )
             for j, s in enumerate(self.slot_ids)
         ]
+        for slot in by_col:
+            slot.release = self._release
         self.slots = nn.ModuleDict(dict(zip(self.slot_ids, by_col, strict=True)))
         self._by_col = by_col
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
@@ -245,7 +255,7 @@ class MorphogeneticModel(nn.Module):
         if not result.passed:
             return False
         gen = self._germination_generator(slot_id)
-        seed_module, gate = self.build_seed_modules(slot_id, blueprint, style, gen)
+        seed_module, gate = self.build_seed_modules(slot_id, blueprint, style, gen, reuse=True)
         slot.install(
             seed_module,
             gate,
@@ -442,19 +452,51 @@ class MorphogeneticModel(nn.Module):
         return torch.Generator().manual_seed(mixed % _SEED_MODULUS)
 
     def build_seed_modules(
-        self, slot_id: str, blueprint: str, style: GerminationStyle, generator: torch.Generator
+        self,
+        slot_id: str,
+        blueprint: str,
+        style: GerminationStyle,
+        generator: torch.Generator,
+        *,
+        reuse: bool = False,
     ) -> tuple[nn.Module, BlendGate | None]:
-        """A fresh seed module (and blend gate for GATE styles) laid out like the host."""
+        """A fresh seed module (and blend gate for GATE styles) laid out like the host.
+        ``reuse``: modules of removed seeds from :attr:`pool` are initialised instead
+        where it has them, with the values new ones would get."""
         width = self._slot(slot_id).width
-        seed_module = self._to_host_layout(
-            self.registry.build(self.topology, blueprint, width, generator=generator)
-        )
+        pool, topo = self.pool, self.topology
+        seed_module = self._reused(pool.take(topo, blueprint, width) if reuse else None, generator)
+        if seed_module is None:
+            seed_module = self._to_host_layout(
+                self.registry.build(self.topology, blueprint, width, generator=generator)
+            )
         gate = None
         if STYLE_BLEND[style] == BlendOp.GATE:
-            topo = self.topology
-            built = materialize_small(lambda: BlendGate(width, topo), generator)
-            gate = self._to_host_layout(built)
+            gate = self._reused(pool.take(topo, GATE, width) if reuse else None, generator)
+            if gate is None:
+                built = materialize_small(lambda: BlendGate(width, topo), generator)
+                gate = self._to_host_layout(built)
         return seed_module, gate  # type: ignore[return-value]
+
+    def _release(self, blueprint: str, width: int, seed: nn.Module, gate: BlendGate | None) -> None:
+        self.pool.put(self.topology, blueprint, width, seed)
+        if gate is not None:
+            self.pool.put(self.topology, GATE, width, gate)
+
+    def _reused(self, module: M | None, generator: torch.Generator) -> M | None:
+        """``module`` initialised from ``generator`` if it is laid out like the host
+        (device, dtype, memory format) still, else None (built anew instead)."""
+        if module is None:
+            return None
+        ref = next(self.host.parameters())
+        tensors = [*module.parameters(), *module.buffers()]
+        fmt = torch.channels_last if self._host_channels_last() else torch.contiguous_format
+        if (tensors[0].device, tensors[0].dtype) != (ref.device, ref.dtype) or not all(
+            t.is_contiguous(memory_format=fmt) for t in tensors if t.dim() == IMAGE_DIMS
+        ):
+            return None
+        reinitialise(module, generator)
+        return module
 
     def slot(self, slot_id: str) -> SeedSlot:
         """The slot module (for package internals such as snapshots and tests)."""

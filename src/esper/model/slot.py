@@ -14,6 +14,8 @@ Forward semantics by stage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -24,6 +26,14 @@ from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
 from esper.model.metrics import SeedMetrics
 from esper.model.slot_state import SlotState
 from esper.model.slot_table import LIFECYCLE_COLUMNS, METRICS_COLUMNS, SlotTable
+
+#: Where a removed seed's modules go (blueprint, slot width, seed, gate): the owner's
+#: :class:`~esper.model.seed_pool.SeedPool`, for a later germination to reuse.
+Release = Callable[[str, int, nn.Module, "BlendGate | None"], None]
+
+
+def _forget(_blueprint: str, _width: int, _seed: nn.Module, _gate: BlendGate | None) -> None:
+    pass
 
 
 class SeedSlot(SlotState, nn.Module):
@@ -47,6 +57,7 @@ class SeedSlot(SlotState, nn.Module):
         self.width = width
         self.register_module("seed", None)
         self.register_module("gate", None)
+        self.release: Release = _forget
         SlotState.__init__(
             self, slot_id, strict=strict, auto_advance=auto_advance, table=table, row=row,
             col=col,
@@ -142,5 +153,9 @@ class SeedSlot(SlotState, nn.Module):
             p.requires_grad_(flag)
 
     def _drop_seed(self) -> None:
+        """Remove the seed's modules (a prune, a rollback, a new round), handing them to
+        :attr:`release` (the model's seed pool)."""
+        if self.seed is not None:
+            self.release(self.life.blueprint, self.width, self.seed, self.gate)
         self.seed = None
         self.gate = None

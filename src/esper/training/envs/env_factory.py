@@ -22,6 +22,7 @@ from esper.core.host_family import member_index
 from esper.data.tasks import TaskSpec
 from esper.errors import ConfigError
 from esper.model import MorphogeneticModel, build_model
+from esper.model.seed_pool import SeedPool
 from esper.model.slot_table import SlotTable
 from esper.policy.signals import SignalTracker
 from esper.training.envs.env_state import EnvState
@@ -84,6 +85,9 @@ class EnvFactory:
         #: them rather than building N models again (the modules' structure is the
         #: member's; everything per round is reset, and the store initialises the host).
         self._spare: dict[str, list[MorphogeneticModel]] = {}
+        #: The removed seeds' modules of every model made here, for germinations in any
+        #: env to initialise instead of building (the values are a new module's).
+        self.pool = SeedPool()
 
     def stacks(self) -> bool:
         """Whether the round's hosts are built straight into batched stores (a batched
@@ -141,6 +145,7 @@ class EnvFactory:
             materialized=materialized,
             table=None if table is None else table.slots,
             row=local,
+            pool=self.pool,
         )
         return name, model
 

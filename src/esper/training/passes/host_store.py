@@ -166,7 +166,9 @@ class HostStore:
         self.seeds = SeedLayout.of(model)
         self.seed_params = self.params.new_zeros(n, self.seeds.width)
         self.seed_momentum = torch.zeros_like(self.seed_params)
-        self._adopted: list[dict[str, nn.Module]] = [{} for _ in envs]
+        #: Per env and slot, the seed adopted last: its module and its seed id (a module
+        #: used again by a later germination is a new seed).
+        self._adopted: list[dict[str, tuple[nn.Module, str]]] = [{} for _ in envs]
         self.adopt_seeds(range(n))
         #: Row index tensors and SGD masks of the seed kinds (kinds change rarely).
         self.index_cache: dict[bytes, Tensor] = {}
@@ -347,7 +349,10 @@ class HostStore:
             adopted = self._adopted[i]
             for slot in env.model.slots_in_order:
                 slot_id = slot.slot_id
-                if slot.seed is None or adopted.get(slot_id) is slot.seed:
+                if slot.seed is None:
+                    continue
+                held = adopted.get(slot_id)
+                if held is not None and held[0] is slot.seed and held[1] == slot.life.seed_id:
                     continue
                 seg = self.seeds.segments[(slot_id, slot.life.blueprint)]
                 named = list(slot.seed.named_parameters(prefix="seed"))
@@ -363,7 +368,7 @@ class HostStore:
                 else:  # a new seed: no momentum yet
                     self.seed_momentum[i, cols] = 0.0
                 _repoint(tensors, lay.row_views(self.seed_params[i, cols]))
-                adopted[slot_id] = slot.seed
+                adopted[slot_id] = (slot.seed, slot.life.seed_id)
 
     def parts_of(self, offset: int, width: int) -> slice:
         """The parts that columns ``offset .. offset + width`` cover (consecutive ones:
