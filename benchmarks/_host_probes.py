@@ -237,8 +237,11 @@ class BodyClock:
 class SiteClock(BodyClock):
     """Main-thread CPU of the measured rounds and of named functions inside them (the
     sites where the time outside the capturable bodies goes), each site inclusive of
-    what it calls: sites may nest, so their times do not add up. A separate run from the
-    body clocks, so these wrappers do not add to the outside share measured there."""
+    what it calls, less the garbage collections that ran inside it (they run wherever
+    the allocation count crosses its threshold: one landing in a germination made that
+    site look twice its cost): sites may nest, so their times do not add up. A separate
+    run from the body clocks, so these wrappers do not add to the outside share measured
+    there."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -251,11 +254,11 @@ class SiteClock(BodyClock):
             if not self.in_round or name in self._open or threading.get_ident() != self.main:
                 return fn(*args, **kwargs)
             self._open.add(name)
-            t0 = time.thread_time()
+            t0, gc0 = time.thread_time(), self.gc_s
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.sites[name] += time.thread_time() - t0
+                self.sites[name] += time.thread_time() - t0 - (self.gc_s - gc0)
                 self._open.discard(name)
 
         return timed_site

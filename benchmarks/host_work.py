@@ -283,10 +283,15 @@ def pass_timing(run: Run) -> dict[str, Any]:
 
 def pass_sites(run: Run) -> dict[str, Any]:
     clock = SiteClock()
-    missing = _clocked(run, clock, {name: clock.site for name in SITES})
+    gc.callbacks.append(clock.collecting)
+    try:
+        missing = _clocked(run, clock, {name: clock.site for name in SITES})
+    finally:
+        gc.callbacks.remove(clock.collecting)
     _, env_steps = run.measured(clock.rounds)
     return {
         "round_cpu_us_per_env_step": clock.round_s / env_steps * 1e6,
+        "gc_us_per_env_step": clock.gc_s / env_steps * 1e6,  # in no site's share
         "shares": {k: v / clock.round_s for k, v in sorted(clock.sites.items())},
         "unresolved": [name for name in missing if name in SITES],
     }
