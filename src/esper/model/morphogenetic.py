@@ -40,7 +40,7 @@ from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
 from esper.model.seed_pool import GATE, SeedPool
 from esper.model.slot import SeedSlot
-from esper.model.slot_table import STAGE_CODE, SlotTable, codes
+from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
 from esper.model.ticks import LIVE_CODES, tick_slots
 from esper.telemetry.events import LifecycleEvent
 
@@ -52,8 +52,8 @@ M = TypeVar("M", bound=nn.Module)
 GERMINATION_SEED_STRIDE = 1_000_033
 SLOT_SEED_STRIDE = 7_919
 _SEED_MODULUS = 2**63
-BLENDED_CODES = codes(BLENDED_STAGES, STAGE_CODE)
-OCCUPYING_CODES = codes(OCCUPYING, STAGE_CODE)
+BLENDED_CODES = code_set(BLENDED_STAGES, STAGE_CODE)
+OCCUPYING_CODES = code_set(OCCUPYING, STAGE_CODE)
 #: Values per slot in :meth:`MorphogeneticModel.grad_norms`: [seed norm, host norm].
 GRAD_VALUES_PER_SLOT = 2
 
@@ -210,7 +210,7 @@ class MorphogeneticModel(nn.Module):
     def alpha_values(self) -> list[float]:
         """:meth:`current_alphas` as host floats (no tensor: batched passes pack them)."""
         t, row = self.table, self.row
-        blended = np.isin(t.stage[row], BLENDED_CODES)
+        blended = BLENDED_CODES[t.stage[row]]
         return [float(a) for a in np.where(blended, t.alpha[row], ALPHA_MIN)]
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -328,10 +328,10 @@ class MorphogeneticModel(nn.Module):
 
     def active_seeds(self) -> int:
         """Slots holding a seed (those whose report is ``active``), without the reports."""
-        return int(np.isin(self.table.stage[self.row], OCCUPYING_CODES).sum())
+        return int(OCCUPYING_CODES[self.table.stage[self.row]].sum())
 
     def live_seed_slots(self) -> tuple[str, ...]:
-        live = np.isin(self.table.stage[self.row], LIVE_CODES)
+        live = LIVE_CODES[self.table.stage[self.row]]
         return tuple([s for s, on in zip(self.slot_ids, live.tolist(), strict=True) if on])
 
     def host_parameters(self) -> list[nn.Parameter]:

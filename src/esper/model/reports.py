@@ -24,11 +24,11 @@ from esper.model.slot_table import (
     STAGES,
     SlotTable,
     blueprint_id,
-    codes,
+    code_set,
 )
 
-BLENDED_CODES = codes(BLENDED_STAGES, STAGE_CODE)
-LIVE_CODES = codes(LIVE_STAGES, STAGE_CODE)
+BLENDED_CODES = code_set(BLENDED_STAGES, STAGE_CODE)
+LIVE_CODES = code_set(LIVE_STAGES, STAGE_CODE)
 
 
 def report_columns(t: SlotTable, where: Any = slice(None)) -> dict[str, np.ndarray]:
@@ -36,8 +36,8 @@ def report_columns(t: SlotTable, where: Any = slice(None)) -> dict[str, np.ndarr
     fields as codes: ``stage`` into STAGES, ``blend_op`` into BLEND_OPS, ``alpha_mode``
     into MODES; ``blueprint_id`` besides the name)."""
     stage = t.stage[where]
-    blended = np.isin(stage, BLENDED_CODES)
-    live = np.isin(stage, LIVE_CODES)
+    blended = BLENDED_CODES[stage]
+    live = LIVE_CODES[stage]
     return {
         "stage": stage,
         "blueprint_id": t.blueprint_id[where],

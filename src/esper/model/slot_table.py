@@ -59,9 +59,13 @@ def blueprint_id(name: str) -> int:
     return found
 
 
-def codes(values: Iterable[Any], code: dict[Any, int]) -> np.ndarray:
-    """The codes of enum members (e.g. a stage set) as an int array for ``np.isin``."""
-    return np.array([code[v] for v in values], dtype=np.int64)
+def code_set(values: Iterable[Any], code: dict[Any, int]) -> np.ndarray:
+    """A set of enum members (e.g. of stages) as a lookup table over their codes:
+    ``table[column]`` says which cells hold a member. An index, not ``np.isin``, which
+    sorts: about 0.1 us against 10 on a round's cells, some 40 times a step."""
+    table = np.zeros(max(code.values()) + 1, dtype=bool)
+    table[[code[v] for v in values]] = True
+    return table
 
 
 NAN = math.nan

@@ -21,7 +21,7 @@ from esper.core.constants import G2_MIN_TRAINING_EPOCHS
 from esper.core.enums import AlphaMode, Initiator, SeedStage
 from esper.model.alpha import ALPHA_MAX, step_alphas
 from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_STAGES, cooldown_stage_codes
-from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, codes
+from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, code_set
 
 if TYPE_CHECKING:
     from esper.model.slot_state import SlotState
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 #: model's :class:`~esper.model.slot.SeedSlot`, or the demo's torch-free ``SlotState``).
 SlotOf = Callable[[int, int], "SlotState"]
 
-LIVE_CODES = codes(LIVE_STAGES, STAGE_CODE)
-COOLDOWN_CODES = codes(COOLDOWN_STAGES, STAGE_CODE)
+LIVE_CODES = code_set(LIVE_STAGES, STAGE_CODE)
+COOLDOWN_CODES = code_set(COOLDOWN_STAGES, STAGE_CODE)
 _DORMANT = STAGE_CODE[SeedStage.DORMANT]
 _GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
 _TRAINING = STAGE_CODE[SeedStage.TRAINING]
@@ -71,8 +71,8 @@ def tick_slots(
 ) -> None:
     """One epoch for every slot of ``rows`` (``val_acc[i]``: row i's accuracy, percent)."""
     stage = t.stage[rows]
-    live = np.isin(stage, LIVE_CODES)
-    cool = np.isin(stage, COOLDOWN_CODES)
+    live = LIVE_CODES[stage]
+    cool = COOLDOWN_CODES[stage]
     # The cooldown counts down; live seeds age and observe the epoch.
     t.cooldown_remaining[rows] -= cool
     t.epochs_in_stage[rows] += cool | live

@@ -33,7 +33,7 @@ from esper.core.enums import AlphaMode, BlendOp, LifecycleOp, SeedStage
 from esper.core.host_family import HostDescriptor, slot_cost
 from esper.core.records import SlotReport
 from esper.model.reports import columns_of_reports, report_columns
-from esper.model.slot_table import STAGE_CODE, SlotTable, codes
+from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
 from esper.policy.signals import Signals, SignalTracker
 
 STAGES: Final = tuple(SeedStage)
@@ -48,7 +48,7 @@ ACTIVE_STAGES: Final = (
 )
 #: Embedding vocabulary: 0 is "no seed", 1 + i is ALL_BLUEPRINTS[i].
 BLUEPRINT_VOCAB: Final = len(ALL_BLUEPRINTS) + 1
-_ACTIVE_CODES: Final = codes(ACTIVE_STAGES, STAGE_CODE)
+_ACTIVE_CODES: Final = code_set(ACTIVE_STAGES, STAGE_CODE)
 _MAX_TEMPO: Final = float(max(TEMPOS))
 
 #: (name, width) of each base feature, in column order.
@@ -164,7 +164,7 @@ def slot_columns(slots: SlotSource) -> dict[str, np.ndarray]:
 def _slot_features(c: dict[str, np.ndarray], max_epochs: int) -> np.ndarray:
     """[N, S, SLOT_DIM] from the slot columns (vectorised over envs and slots)."""
     stage = c["stage"]
-    active = np.isin(stage, _ACTIVE_CODES).astype(np.float64)
+    active = _ACTIVE_CODES[stage].astype(np.float64)
     total = c["alpha_steps_total"].astype(np.float64)
     done = c["alpha_steps_done"].astype(np.float64)
     progress = np.where(total > 0, done / np.maximum(total, 1), 0.0)
@@ -291,7 +291,7 @@ def build_features(
         parts.append(hosts)
     obs = np.nan_to_num(np.concatenate(parts, axis=1), nan=0.0, posinf=0.0, neginf=0.0)
     known = c["blueprint_id"] < BLUEPRINT_VOCAB  # a custom registry's blueprint: "no seed"
-    bp_ids = np.where(np.isin(stage, _ACTIVE_CODES) & known, c["blueprint_id"], 0)
+    bp_ids = np.where(_ACTIVE_CODES[stage] & known, c["blueprint_id"], 0)
     return (
         torch.from_numpy(obs.astype(np.float32)).to(device, non_blocking=True),
         torch.from_numpy(bp_ids.astype(np.int64)).to(device, non_blocking=True),

@@ -14,7 +14,7 @@ alpha 1, G3). See :mod:`esper.policy.masks` for why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -29,13 +29,18 @@ from esper.core.constants import (
     RETARGETABLE,
 )
 from esper.core.enums import AlphaMode, LifecycleOp, SeedStage
-from esper.model.slot_table import MODE_CODE, STAGE_CODE
+from esper.model.slot_table import MODE_CODE, STAGE_CODE, code_set
 from esper.model.ticks import advance_ready
 from esper.policy.actions import N_OPS
 
 
-def _codes(stages: Sequence[SeedStage]) -> np.ndarray:
-    return np.array([STAGE_CODE[s] for s in stages], dtype=np.int64)
+def _codes(stages: Iterable[SeedStage]) -> np.ndarray:
+    return code_set(stages, STAGE_CODE)
+
+
+_BLOCKING = _codes(GERMINATE_BLOCKING)
+_OCCUPYING = _codes(OCCUPYING)
+_RETARGETABLE = _codes(RETARGETABLE)
 
 
 def slot_op_mask(
@@ -59,8 +64,8 @@ def slot_op_mask(
     at_rest = col["alpha_mode"] == MODE_CODE[AlphaMode.HOLD]
     steady = ~col["scheduled_prune"].astype(bool)  # a seed being scheduled-pruned accepts no ops
 
-    blocked = np.isin(stage, _codes(GERMINATE_BLOCKING)).any(axis=1)
-    under_limit = np.isin(stage, _codes(OCCUPYING)).sum(axis=1) < max_seeds
+    blocked = _BLOCKING[stage].any(axis=1)
+    under_limit = _OCCUPYING[stage].sum(axis=1) < max_seeds
     in_time = steps_left is None or steps_left >= GERMINATE_MIN_STEPS_LEFT
     can_germinate = (~blocked & under_limit & in_time)[:, None]
 
@@ -73,9 +78,9 @@ def slot_op_mask(
     slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
     prunable = PRUNABLE_AFTER_BLENDING if prune_after_blending else PRUNABLE
     slot[:, LifecycleOp.PRUNE] = (
-        steady & at_rest & (col["age_epochs"] >= MIN_PRUNE_AGE) & np.isin(stage, _codes(prunable))
+        steady & at_rest & (col["age_epochs"] >= MIN_PRUNE_AGE) & _codes(prunable)[stage]
     )
-    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & np.isin(stage, _codes(RETARGETABLE))
+    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & _RETARGETABLE[stage]
     return slot
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -52,7 +52,7 @@ from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.reports import report_columns
 from esper.model.slot_state import SlotState
-from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable
+from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable, code_set
 from esper.model.ticks import tick_slots
 from esper.policy.actions import ActionSpace, DecodedAction, encode_action
 from esper.policy.mask_rules import op_mask, slot_op_mask
@@ -104,18 +104,10 @@ GRAD_NOISE: Final = 0.3
 CONTRIBUTION_NOISE: Final = 0.2
 
 
-def _lookup(stages: Iterable[SeedStage]) -> np.ndarray:
-    """Bool per stage code: membership of a stage set, by indexing (cheaper than
-    ``np.isin`` on a round's few cells)."""
-    table = np.zeros(len(STAGE_CODE), dtype=bool)
-    table[[STAGE_CODE[s] for s in stages]] = True
-    return table
-
-
-_IS_LIVE: Final = _lookup(LIVE_STAGES)
-_IS_BLENDED: Final = _lookup(BLENDED_STAGES)
+_IS_LIVE: Final = code_set(LIVE_STAGES, STAGE_CODE)
+_IS_BLENDED: Final = code_set(BLENDED_STAGES, STAGE_CODE)
 #: The seeds whose gradients the trainer measures (as training/envs/host_envs.py does).
-_TRAINS: Final = _lookup(BLENDED_STAGES | {SeedStage.TRAINING})
+_TRAINS: Final = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
 #: Stage sets as codes, for one env's few cells.
 _OCCUPYING: Final = frozenset(STAGE_CODE[s] for s in OCCUPYING)
 _PRUNABLE: Final = frozenset(STAGE_CODE[s] for s in PRUNABLE)

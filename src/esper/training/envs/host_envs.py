@@ -33,7 +33,7 @@ from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.metrics import record_contributions, record_gradients
-from esper.model.slot_table import STAGE_CODE, codes
+from esper.model.slot_table import STAGE_CODE, code_set
 from esper.model.ticks import LIVE_CODES, tick_slots
 from esper.policy.actions import ActionSpace, decode_action
 from esper.policy.features import build_features, host_features
@@ -77,9 +77,9 @@ if TYPE_CHECKING:
 #: Validation batches are this many times the training batch (no gradients to keep).
 VAL_BATCH_FACTOR = 4
 #: Seeds whose gradients are measured: those that train (not while scheduled-pruned).
-_TRAINS = codes(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
-_OCCUPYING = codes(OCCUPYING, STAGE_CODE)
-_FORWARD = codes(FORWARD_STAGES, STAGE_CODE)
+_TRAINS = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
+_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
+_FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
 
 class HostEnvs:
@@ -192,7 +192,7 @@ class HostEnvs:
         found = attribute(
             plan, stats.config_accs, unavailable_reasons(slots.stage, effective_alphas(slots))
         )
-        r, c = np.nonzero(np.isfinite(found.contributions) & np.isin(slots.stage, LIVE_CODES))
+        r, c = np.nonzero(np.isfinite(found.contributions) & LIVE_CODES[slots.stage])
         record_contributions(slots, (r, c), found.contributions[r, c])
         self._record_gradients(stats.grad_norms)
         rollbacks = self._govern(stats, step)  # after a rollback: restored metrics
@@ -273,7 +273,7 @@ class HostEnvs:
             host_params=counts.host,
             seed_params=counts.seeds,
             effective_params=counts.effective,
-            active_seeds=np.isin(t.slots.stage, _OCCUPYING).sum(axis=1),
+            active_seeds=_OCCUPYING[t.slots.stage].sum(axis=1),
             episode={k: v.copy() for k, v in t.episode.items()},
             hosts=self.host_names,
         )
@@ -319,7 +319,7 @@ class HostEnvs:
     def _record_gradients(self, norms: np.ndarray) -> None:
         """Each training seed's gradient norms (the last batch's, clipped) and health."""
         slots = self.t.slots
-        trains = np.isin(slots.stage, _TRAINS) & ~slots.scheduled_prune
+        trains = _TRAINS[slots.stage] & ~slots.scheduled_prune
         r, c = np.nonzero(trains)
         record_gradients(slots, (r, c), norms[r, c, 0], norms[r, c, 1], self.t.ref_params[r, c])
 

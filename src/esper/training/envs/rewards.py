@@ -37,7 +37,7 @@ from esper.config import RewardConfig
 from esper.core.constants import ACC_PERCENT_SCALE, FORWARD_STAGES
 from esper.core.enums import LifecycleOp, RewardFamily, SeedStage
 from esper.core.records import SlotReport
-from esper.model.slot_table import STAGE_CODE, STAGES, codes
+from esper.model.slot_table import STAGES
 from esper.telemetry.events import REWARD_COMPONENTS, RewardComputed, make_breakdown
 
 NAN = math.nan
@@ -111,7 +111,6 @@ def env_potential(reports: Iterable[SlotReport | None]) -> float:
 
 #: :data:`STAGE_POTENTIAL` by stage code (:data:`esper.model.slot_table.STAGES`).
 POTENTIAL_BY_CODE = np.array([STAGE_POTENTIAL[s] for s in STAGES])
-_FORWARD = codes(FORWARD_STAGES, STAGE_CODE)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ import numpy as np
 from esper.core.constants import FORWARD_STAGES, OCCUPYING, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, ParamCostBasis
 from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
-from esper.model.slot_table import STAGE_CODE, SlotTable, codes
+from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
 from esper.training.envs.env_table import EnvTable
 from esper.training.envs.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
 
-_BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
-_LIVE = codes(LIVE_STAGES, STAGE_CODE)
-_OCCUPYING = codes(OCCUPYING, STAGE_CODE)
-_FORWARD = codes(FORWARD_STAGES, STAGE_CODE)
+_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
+_LIVE = code_set(LIVE_STAGES, STAGE_CODE)
+_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
+_FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,14 @@ class ParamColumns:
 
 def effective_alphas(t: SlotTable) -> np.ndarray:
     """Every slot's alpha where its seed is blended in, else 0 ([N, S])."""
-    out: np.ndarray = np.where(np.isin(t.stage, _BLENDED), t.alpha, 0.0)
+    out: np.ndarray = np.where(_BLENDED[t.stage], t.alpha, 0.0)
     return out
 
 
 def param_columns(table: EnvTable) -> ParamColumns:
     """:meth:`MorphogeneticModel.param_counts` of every env (the same sums, in slot order)."""
     t = table.slots
-    live = np.isin(t.stage, _LIVE)
+    live = _LIVE[t.stage]
     n_params = np.where(live, t.n_params, 0)
     weighted = effective_alphas(t) * n_params
     effective = ordered_sum(weighted[:, j] for j in range(weighted.shape[1]))
@@ -98,11 +98,11 @@ def reward_columns(
     alphas = effective_alphas(t)
     previous = np.where(table.memory_set[:, None], table.memory_alphas, alphas)
     potential = POTENTIAL_BY_CODE[t.stage].sum(axis=1)
-    credited = np.isin(t.stage, _OCCUPYING) & np.isfinite(t.contribution)
+    credited = _OCCUPYING[t.stage] & np.isfinite(t.contribution)
     val_acc = table.val_acc
     col = np.maximum(before.slot, 0)
     after_stage = t.stage[rows, col]
-    alive = (before.slot >= 0) & np.isin(after_stage, _FORWARD)  # forward stages occupy
+    alive = (before.slot >= 0) & _FORWARD[after_stage]  # forward stages occupy
     nan = np.full(n, math.nan)
     columns = RewardColumns(
         op=op,

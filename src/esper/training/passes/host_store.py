@@ -33,7 +33,7 @@ from esper.core.enums import SeedStage
 from esper.model.blending import BlendGate
 from esper.model.builder import initialise_host
 from esper.model.lifecycle import BLENDED_STAGES
-from esper.model.slot_table import STAGE_CODE, codes
+from esper.model.slot_table import STAGE_CODE, code_set
 from esper.model.snapshot import restore_fossils
 from esper.training.passes.flat_layout import Entry, FlatLayout, HostPart, names_under
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from esper.training.envs.env_state import EnvState
     from esper.training.passes.slot_groups import SgdSettings
 
-_BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
+_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 #: Stages whose seed has stepped (it was in a train pass's forward).
 _STEPPED = BLENDED_STAGES | {SeedStage.TRAINING}
 
@@ -332,7 +332,7 @@ class HostStore:
     def alphas(self) -> np.ndarray:
         """Each env's slots' current alphas ([N, n_slots]; 0 where not blended)."""
         t = self.table.slots
-        out: np.ndarray = np.where(np.isin(t.stage[self.rows], _BLENDED), t.alpha[self.rows], 0.0)
+        out: np.ndarray = np.where(_BLENDED[t.stage[self.rows]], t.alpha[self.rows], 0.0)
         return out
 
     # --- seeds ---------------------------------------------------------------------------

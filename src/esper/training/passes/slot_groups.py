@@ -37,7 +37,7 @@ from torch.func import functional_call
 from esper.core.enums import BlendOp, SeedStage
 from esper.model.lifecycle import BLENDED_STAGES
 from esper.model.slot import SeedSlot
-from esper.model.slot_table import BLEND_CODE, STAGE_CODE, codes
+from esper.model.slot_table import BLEND_CODE, STAGE_CODE, code_set
 from esper.training.envs.env_state import TRAIN_ACCUM
 from esper.training.passes.batch_ops import PassOptions, autocast, loss_and_correct
 from esper.training.passes.flat_layout import FlatLayout, HostPart
@@ -45,7 +45,7 @@ from esper.training.passes.host_store import HostStore, clip_coefficients
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
-_BLENDED = codes(BLENDED_STAGES, STAGE_CODE)
+_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 _TRAINING = STAGE_CODE[SeedStage.TRAINING]
 _GATE = BLEND_CODE[BlendOp.GATE]
 _N_BLEND = len(BLEND_CODE)
@@ -167,7 +167,7 @@ class HostBatch:
         t = self.store.table.slots
         stage = t.stage[rows, col]
         training = stage == _TRAINING
-        in_forward = np.isin(stage, _BLENDED) | (self.train & training)
+        in_forward = _BLENDED[stage] | (self.train & training)
         if not in_forward.any():
             return []
         trainable = ~t.scheduled_prune[rows, col]
