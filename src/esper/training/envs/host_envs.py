@@ -180,18 +180,14 @@ class HostEnvs:
         """One host epoch for every env: train, fused validation + counterfactual (ONE
         transfer), then attribution, governor, lifecycle ticks and signals."""
         t = self.t
-        plan = ablations(
-            effective_alphas(t.slots),
-            unavailable_reasons(t.slots.stage, effective_alphas(t.slots)) == 0,
-            factorial=self.cfg.run.counterfactual_factorial,
-        )
+        slots = t.slots
+        alphas = effective_alphas(slots)
+        reasons = unavailable_reasons(slots.stage, alphas)  # the passes change neither
+        plan = ablations(alphas, reasons == 0, factorial=self.cfg.run.counterfactual_factorial)
         stats, names = self._host_passes(rnd, step, plan, times, layer_stats=layer_stats)
         t.prev_val_acc[:], t.prev_val_loss[:] = t.val_acc, t.val_loss
         t.val_acc[:], t.val_loss[:] = stats.val_acc, stats.val_loss
-        slots = t.slots
-        found = attribute(
-            plan, stats.config_accs, unavailable_reasons(slots.stage, effective_alphas(slots))
-        )
+        found = attribute(plan, stats.config_accs, reasons)
         r, c = np.nonzero(np.isfinite(found.contributions) & LIVE_CODES[slots.stage])
         record_contributions(slots, (r, c), found.contributions[r, c])
         self._record_gradients(stats.grad_norms)
