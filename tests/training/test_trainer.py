@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,23 @@ def test_policy_nan_skips_the_update_and_training_continues(tmp_path: Path, digi
     assert updates[0].skip_reason
     anomalies = [e for e in hub.events if event_tag(type(e)) == "anomaly_detected"]
     assert anomalies and anomalies[0].kind == "non_finite_loss"
+
+
+def test_the_rounds_run_with_the_setup_frozen_and_give_it_back(tmp_path: Path, digits) -> None:
+    """The garbage collector skips what was alive before the rounds while they run
+    (gc.freeze), and gets it back after them, whether the run ends well or fails."""
+    frozen: list[int] = []
+
+    def progress(_item: object) -> None:
+        frozen.append(gc.get_freeze_count())
+
+    train(small_config(tmp_path), data=digits, progress=progress)
+    assert frozen and min(frozen) > 0
+    assert gc.get_freeze_count() == 0
+    faults = FaultPlan([Fault(kind=FaultKind.DATA_ERROR, round=0, step=1)])
+    with pytest.raises(InjectedDataError):
+        train(small_config(tmp_path / "failed"), data=digits, faults=faults)
+    assert gc.get_freeze_count() == 0
 
 
 def test_data_error_flushes_and_checkpoints(tmp_path: Path, digits) -> None:

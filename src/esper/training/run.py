@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import signal
 import threading
 import time
@@ -285,6 +286,20 @@ def _check_rounds_left(cfg: Config, start: int, resume: str | Path | None) -> No
         )
 
 
+@contextlib.contextmanager
+def _setup_frozen() -> Iterator[None]:
+    """Leave the objects alive when the rounds start (torch's modules, the task, the
+    policy: they outlive the rounds) out of the garbage collector's full passes
+    (``gc.freeze``): scanning them cost 0.1-0.2 s per full collection at 64 envs on a
+    2-core CPU, a pause a GPU waits through. Given back after the rounds (garbage among
+    them is collected then), so runs repeated in one process leave nothing frozen."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run_rounds(
     cfg: Config,
     trainer: VectorizedTrainer,
@@ -299,17 +314,20 @@ def run_rounds(
     status, error = RunStatus.FINISHED, ""
     hub = trainer.hub
     try:
-        for rnd in range(start_round, cfg.run.rounds):
-            trainer.run_round(rnd)
-            if trainer.collective is not None and isinstance(trainer.learner.policy, nn.Module):
-                trainer.collective.check_replicas(trainer.learner.policy)
-            next_round = rnd + 1
-            every = cfg.run.checkpoint_every
-            due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
-            rollbacks = before.rollbacks + trainer.state.rollbacks
-            if saver is not None:  # None: an evaluation, which saves nothing
-                wall_s = before.wall_s + time.perf_counter() - t0
-                saver.round_completed(next_round, save_now=due, rollbacks=rollbacks, wall_s=wall_s)
+        with _setup_frozen():
+            for rnd in range(start_round, cfg.run.rounds):
+                trainer.run_round(rnd)
+                if trainer.collective is not None and isinstance(trainer.learner.policy, nn.Module):
+                    trainer.collective.check_replicas(trainer.learner.policy)
+                next_round = rnd + 1
+                every = cfg.run.checkpoint_every
+                due = bool(every) and (next_round % every == 0 or next_round == cfg.run.rounds)
+                rollbacks = before.rollbacks + trainer.state.rollbacks
+                if saver is not None:  # None: an evaluation, which saves nothing
+                    wall_s = before.wall_s + time.perf_counter() - t0
+                    saver.round_completed(
+                        next_round, save_now=due, rollbacks=rollbacks, wall_s=wall_s
+                    )
     except KeyboardInterrupt as exc:
         status, error = RunStatus.INTERRUPTED, _interrupt_reason(exc)
         raise
