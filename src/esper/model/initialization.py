@@ -130,22 +130,22 @@ def materialize_small(factory: Callable[[], M], generator: torch.Generator) -> M
 def reinitialise(module: nn.Module, generator: torch.Generator) -> None:
     """Give an existing small module the values :func:`materialize_small` gives a new one
     from ``generator``, trainable and without gradients: a seed module used again costs
-    its initialisation, not its construction (most of a seed's build).
+    its initialisation, not its construction (most of a seed's build). Its tensors must
+    be its own (a :class:`~esper.model.seed_pool.SeedPool` module's are), not views of
+    storage something else uses.
 
     The values are drawn into contiguous CPU tensors of the construction's dtype, as a
     new module's are (drawn in place, a channels-last tensor would take them in memory
-    order), then copied into new tensors like the old ones (device, dtype, memory
-    format): never into the old storage, which may be a batched store's row that a
-    later seed has taken."""
+    order), then copied into the module's tensors (their device, dtype and layout)."""
     tensors = [*module.parameters(), *module.buffers()]
-    like = [t.data for t in tensors]
+    own = [t.data for t in tensors]
     floating = torch.get_default_dtype()
     for t in tensors:
         t.data = torch.empty(t.shape, dtype=floating if t.is_floating_point() else t.dtype)
     init_module(module, generator)
     with torch.no_grad():
-        for t, old in zip(tensors, like, strict=True):
-            t.data = torch.empty_like(old).copy_(t.data, non_blocking=True)
+        for t, kept in zip(tensors, own, strict=True):
+            t.data = kept.copy_(t.data, non_blocking=True)
     for p in module.parameters():
         p.grad = None
         p.requires_grad_(True)
