@@ -39,3 +39,10 @@ def test_rank_hub_drops_run_level_events_off_rank_zero() -> None:
     hub = RankHub(inner, rank=1)
     hub.emit(_round_started())
     assert hub.rank == 1 and inner.events == [] and hub.events_emitted == 0
+    # A batch of one level may mix run-level events with others: only those are dropped.
+    stage = ev.SeedStageChanged(
+        slot="s", seed_id="x", blueprint="b", from_stage="A", to_stage="B",
+        epochs_in_prev_stage=0, alpha=0.0, initiator="policy",
+    )  # fmt: skip
+    hub.emit_batch([_round_started(), stage])
+    assert inner.events == [stage]

@@ -10,6 +10,7 @@ from _telemetry_support import all_seqs, minimal_event, read_type
 from esper.core.enums import RunStatus, TelemetryLevel
 from esper.errors import UserError
 from esper.telemetry import events as ev
+from esper.telemetry.events import UNSTAMPED_SEQ
 from esper.telemetry.hub import NullHub, TelemetryHub, open_run
 from esper.telemetry.manifest import read_manifest
 from esper.telemetry.memory_hub import MemoryHub
@@ -145,3 +146,49 @@ def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
 def test_bad_arguments_are_user_errors(tmp_path: Path, kwargs: dict[str, float]) -> None:
     with pytest.raises(UserError):
         open_run(tmp_path, "bad", level=TelemetryLevel.NORMAL, **kwargs)  # type: ignore[arg-type]
+
+
+def _lifecycle_records() -> list[ev.Event]:
+    """A step's lifecycle records as the models report them: several types, one level."""
+    return [
+        minimal_event(ev.GateEvaluated, env=0),
+        minimal_event(ev.SeedStageChanged, env=0),
+        minimal_event(ev.SeedGerminated, env=1),
+        minimal_event(ev.SeedStageChanged, env=1),
+    ]
+
+
+def test_a_batch_of_several_types_of_one_level_keeps_its_order(tmp_path: Path) -> None:
+    hubs = [
+        MemoryHub("mem", level=TelemetryLevel.LIFECYCLE),
+        open_run(tmp_path, "batch", level=TelemetryLevel.LIFECYCLE),
+    ]
+    for hub in hubs:
+        records = _lifecycle_records()
+        hub.emit(_lifecycle())
+        hub.emit_batch(records)
+        assert [e.seq for e in records] == [1, 2, 3, 4]
+        hub.close()
+    run_dir = hubs[1].run_dir
+    assert run_dir is not None
+    got = sorted(
+        (r["seq"], tag)
+        for tag in ("gate_evaluated", "seed_stage_changed", "seed_germinated")
+        for r in read_type(run_dir, tag)
+    )
+    assert [tag for _, tag in got] == [
+        "gate_evaluated", "seed_stage_changed", "seed_germinated", "seed_stage_changed"
+    ]  # fmt: skip
+
+
+def test_a_batch_below_the_level_is_dropped_and_one_of_mixed_levels_refused() -> None:
+    hub = MemoryHub("mem", level=TelemetryLevel.OFF)
+    records = _lifecycle_records()
+    hub.emit_batch(records)
+    assert hub.events == [] and all(e.seq == UNSTAMPED_SEQ for e in records)
+    hub = MemoryHub("mem", level=TelemetryLevel.DEBUG)
+    with pytest.raises(ValueError, match="one level"):
+        hub.emit_batch([*_lifecycle_records(), _step()])
+    with pytest.raises(TypeError, match="not an event type"):
+        hub.emit_batch([*_lifecycle_records(), object()])  # type: ignore[list-item]
+    assert hub.events == []

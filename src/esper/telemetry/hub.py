@@ -90,8 +90,9 @@ class Hub:
         raise NotImplementedError
 
     def emit_batch(self, events: Sequence[Event]) -> None:
-        """Emit events of one type, in order: one call for a whole step's events (the
-        hubs that buffer take their lock once; this default emits them one by one)."""
+        """Emit events of one level (of one type or several), in order: one call for a
+        whole step's events (the hubs that buffer take their lock once; this default
+        emits them one by one)."""
         for event in events:
             self.emit(event)
 
@@ -222,11 +223,17 @@ class StampingHub(Hub):
             raise _unknown_event(batch.cls) from None
 
     def _recorded(self, events: Sequence[Event]) -> bool:
-        """Whether a batch of one event type passes the level filter."""
-        try:
-            return bool(events) and _LEVELS[type(events[0])] <= self.level
-        except KeyError:
-            raise _unknown_event(events[0]) from None
+        """Whether a batch of events of one level passes the level filter; raises for an
+        unknown event type or a batch of several levels."""
+        types = {type(e) for e in events}
+        unknown = types - _LEVELS.keys()
+        if unknown:
+            raise _unknown_event(next(e for e in events if type(e) in unknown))
+        levels = {_LEVELS[t] for t in types}
+        if len(levels) > 1:
+            names = sorted(t.__name__ for t in types)
+            raise ValueError(f"a batch holds events of one level; got {names}")
+        return bool(events) and levels.pop() <= self.level
 
     @property
     def next_seq(self) -> int:
@@ -346,7 +353,7 @@ class TelemetryHub(StampingHub):
             self._writer.buffered += 1
 
     def emit_batch(self, events: Sequence[Event]) -> None:
-        """:meth:`emit` of events of one type, under one lock (one by one when the
+        """:meth:`emit` of events of one level, under one lock (one by one when the
         buffer has no room for all of them)."""
         if not self._recorded(events):
             return

@@ -343,8 +343,8 @@ class RankHub(DelegatingHub):
         self._inner.emit(event)
 
     def emit_batch(self, events: Sequence[Event]) -> None:
-        if events and self._drop_run_level and isinstance(events[0], RUN_LEVEL_EVENTS):
-            return  # a batch holds events of one type
+        if self._drop_run_level:
+            events = [e for e in events if not isinstance(e, RUN_LEVEL_EVENTS)]
         self._inner.emit_batch(events)
 
     def emit_columns(self, batch: EventColumns) -> None:

@@ -35,7 +35,6 @@ from esper.telemetry.event_columns import EventColumns
 from esper.telemetry.events import (
     REWARD_COMPONENTS,
     GovernorRollback,
-    LifecycleEvent,
     PpoUpdate,
 )
 from esper.telemetry.hub import Hub
@@ -63,6 +62,7 @@ BLUEPRINT_NAMES = np.array(ALL_BLUEPRINTS, dtype=object)
 ALPHA_TARGET_VALUES = np.array(ALPHA_TARGETS, dtype=np.float64)
 #: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
 _BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
+_force_setattr = msgspec.structs.force_setattr
 
 
 class DecisionColumns(Protocol):
@@ -101,11 +101,6 @@ def with_rollback_penalty(row: np.ndarray, penalty: float) -> None:
     the exact sum of the components (in REWARD_COMPONENTS order, as ``make_breakdown``)."""
     row[_ROLLBACK] += penalty
     row[-1] = ordered_sum(row[:-1].tolist())
-
-
-def lifecycle_event(rec: LifecycleEvent, *, rnd: int, env: int, step: int) -> ev.Event:
-    """A lifecycle event from the model (its payload only) stamped with where it happened."""
-    return msgspec.structs.replace(rec, round=rnd, env=env, step=step)
 
 
 class Recorder:
@@ -351,9 +346,18 @@ class Recorder:
             self._carried[row] = self._carried.get(row, 0.0) + penalty
 
     def _lifecycle(self, records: Records, *, rnd: int, step: int) -> None:
-        offset = self.env_offset
+        """The models' lifecycle records, placed (round, global env, step) and emitted in
+        the order they happened, in one hub call. A record is a fresh payload each model
+        report makes for this alone, so it is placed in place, not copied."""
+        if not records or not self.hub.enabled(TelemetryLevel.LIFECYCLE):
+            return
+        offset, events = self.env_offset, []
         for row, rec in records:
-            self.hub.emit(lifecycle_event(rec, rnd=rnd, env=offset + row, step=step))
+            _force_setattr(rec, "round", rnd)
+            _force_setattr(rec, "env", offset + row)
+            _force_setattr(rec, "step", step)
+            events.append(rec)
+        self.hub.emit_batch(events)
 
     def _rollback(self, rec: GovernorRollback, *, rnd: int, env: int) -> None:
         self.hub.emit(msgspec.structs.replace(rec, round=rnd, env=env))
