@@ -7,6 +7,7 @@ decoded action never carries a value the op does not use.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Final
 
@@ -37,6 +38,15 @@ HEAD_SIZES: Final[dict[str, int]] = {
 }
 N_OPS: Final = len(LifecycleOp)
 N_HEADS: Final = len(HEAD_NAMES)
+STYLES: Final = tuple(GerminationStyle)
+_SLOT_HEAD: Final = HEAD_NAMES.index("slot")
+#: Every head's size in head order, the slot head's (the host's) left 0.
+_FIXED_SIZES: Final = tuple(HEAD_SIZES.get(name, 0) for name in HEAD_NAMES)
+#: Per op, the canonical values of the heads it does not use.
+_CANONICAL_FILL: Final = {
+    op: {n: CANONICAL_HEAD_VALUE[n] for n in HEAD_NAMES if n not in RELEVANT_HEADS[op]}
+    for op in LifecycleOp
+}
 HEAD_INDEX: Final[dict[str, int]] = {name: i for i, name in enumerate(HEAD_NAMES)}
 
 TOPOLOGY_BLUEPRINTS: Final[dict[Topology, tuple[str, ...]]] = {
@@ -75,7 +85,7 @@ class ActionSpace(msgspec.Struct, frozen=True):
             )
         menus = (
             ("alpha targets", self.alpha_targets, ALPHA_TARGETS, self.alpha_target_valid),
-            ("styles", self.styles, tuple(GerminationStyle), self.style_valid),
+            ("styles", self.styles, STYLES, self.style_valid),
             ("tempos", self.tempos, TEMPOS, self.tempo_valid),
         )
         for what, menu, values, valid in menus:
@@ -93,10 +103,7 @@ class ActionSpace(msgspec.Struct, frozen=True):
     @property
     def blueprint_valid(self) -> tuple[bool, ...]:
         """Per blueprint-head index: may this host's policy germinate this blueprint?"""
-        allowed = set(TOPOLOGY_BLUEPRINTS[self.topology])
-        if self.blueprints is not None:
-            allowed &= set(self.blueprints)
-        return tuple(name in allowed for name in ALL_BLUEPRINTS)
+        return _blueprint_valid(self.topology, self.blueprints)
 
     @property
     def alpha_target_valid(self) -> tuple[bool, ...]:
@@ -106,7 +113,7 @@ class ActionSpace(msgspec.Struct, frozen=True):
     @property
     def style_valid(self) -> tuple[bool, ...]:
         """Per style-head index: may the policy germinate with this style?"""
-        return _in_menu(tuple(GerminationStyle), self.styles)
+        return _in_menu(STYLES, self.styles)
 
     @property
     def tempo_valid(self) -> tuple[bool, ...]:
@@ -117,8 +124,19 @@ class ActionSpace(msgspec.Struct, frozen=True):
         return self.slot_ids.index(slot_id)
 
 
+# The menus' validity is asked every step (the masks) and a config's menus never change:
+# computed once per menus.
+@functools.cache
 def _in_menu(values: Sequence[object], menu: Sequence[object] | None) -> tuple[bool, ...]:
     return tuple(menu is None or value in menu for value in values)
+
+
+@functools.cache
+def _blueprint_valid(topology: Topology, blueprints: tuple[str, ...] | None) -> tuple[bool, ...]:
+    allowed = set(TOPOLOGY_BLUEPRINTS[topology])
+    if blueprints is not None:
+        allowed &= set(blueprints)
+    return tuple(name in allowed for name in ALL_BLUEPRINTS)
 
 
 class DecodedAction(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,17 +160,16 @@ def decode_action(indices: Sequence[int], space: ActionSpace) -> DecodedAction:
     """Turn per-head indices into a typed action (pure; irrelevant heads -> canonical)."""
     if len(indices) != N_HEADS:
         raise ValueError(f"expected {N_HEADS} head indices, got {len(indices)}")
-    values = [int(i) for i in indices]
-    sizes = [space.n_slots if n == "slot" else HEAD_SIZES[n] for n in HEAD_NAMES]
+    values = list(map(int, indices))
+    sizes = list(_FIXED_SIZES)
+    sizes[_SLOT_HEAD] = space.n_slots
     for name, idx, size in zip(HEAD_NAMES, values, sizes, strict=True):
         if not 0 <= idx < size:
             raise ValueError(f"head {name!r} index {idx} out of range [0, {size})")
     op = LifecycleOp(values[0])
     rel = RELEVANT_HEADS[op]
     # Heads the op does not use take their canonical values.
-    v = dict(zip(HEAD_NAMES, values, strict=True)) | {
-        n: CANONICAL_HEAD_VALUE[n] for n in HEAD_NAMES if n not in rel
-    }
+    v = dict(zip(HEAD_NAMES, values, strict=True)) | _CANONICAL_FILL[op]
     return DecodedAction(
         op=op,
         slot_id=space.slot_ids[v["slot"]] if "slot" in rel else None,

@@ -73,7 +73,7 @@ class ActionMasks:
     def flatten_batch(self) -> ActionMasks:
         """[N, T, ...] -> [N*T, ...] (a no-op for unstacked masks)."""
         nb = len(self.batch_shape)
-        return self._map(lambda t: t.flatten(0, nb - 1) if nb > 1 else t)
+        return self._map(lambda t: t.flatten(0, nb - 1)) if nb > 1 else self
 
     def slot_for_op(self, op: Tensor) -> Tensor:
         """Slot mask of the chosen op: [M, S] for flat masks and ``op`` of shape [M]."""
@@ -183,9 +183,9 @@ def compute_masks(
     )
     n, sizes = arrays["op"].shape[0], space.head_sizes
     menus = ("blueprint", "alpha_target", "style", "tempo")
-    parts = [arrays["op"], arrays["slot"].reshape(n, -1), *(arrays[h] for h in menus)]
+    parts = [arrays["op"], arrays["slot"].reshape(n, -1), *[arrays[h] for h in menus]]
     packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(device, non_blocking=True)
-    widths = [N_OPS, N_OPS * space.n_slots, *(sizes[h] for h in menus)]
+    widths = [N_OPS, N_OPS * space.n_slots, *[sizes[h] for h in menus]]
     op, slot_flat, *menu_masks = torch.split(packed, widths, dim=1)
     free = {
         name: torch.ones((n, sizes[name]), dtype=torch.bool, device=packed.device)

@@ -32,6 +32,7 @@ _HIDDEN_GAIN = math.sqrt(2.0)
 _POLICY_GAIN = 0.01  # near-uniform initial policy
 _VALUE_GAIN = 1.0
 _FORGET_BIAS = 1.0
+_SLOT_HEAD = HEAD_NAMES.index("slot")
 
 
 def masked_log_softmax(logits: Tensor, mask: Tensor) -> Tensor:
@@ -45,11 +46,6 @@ def normalised_entropy(log_probs: Tensor, mask: Tensor) -> Tensor:
     n_valid = mask.sum(dim=-1)
     scale = n_valid.clamp(min=2).to(ent.dtype).log()
     return torch.where(n_valid > 1, ent / scale, torch.zeros_like(ent))
-
-
-def _linear(module: nn.Module) -> nn.Linear:
-    assert isinstance(module, nn.Linear)
-    return module
 
 
 def _choose(log_probs: Tensor, generator: torch.Generator | None, deterministic: bool) -> Tensor:
@@ -94,9 +90,12 @@ class FactoredActorCritic(nn.Module):
         self.lstm = nn.LSTM(feature_dim, lstm_hidden, batch_first=True)
         self.core_norm = nn.LayerNorm(lstm_hidden)
         self.op_head = nn.Linear(lstm_hidden, N_OPS)
-        self.sub_heads = nn.ModuleDict(
-            {name: nn.Linear(lstm_hidden + N_OPS, sizes[name]) for name in HEAD_NAMES[1:]}
-        )
+        sub_heads = [nn.Linear(lstm_hidden + N_OPS, sizes[name]) for name in HEAD_NAMES[1:]]
+        self.sub_heads = nn.ModuleDict(dict(zip(HEAD_NAMES[1:], sub_heads, strict=True)))
+        # The same heads, and their sizes, in head order: what every decision and
+        # minibatch reads (a plain tuple: no module lookups per call).
+        self._sub_linears: tuple[nn.Linear, ...] = tuple(sub_heads)
+        self._sub_sizes = tuple(sizes[name] for name in HEAD_NAMES[1:])
         self.value_head = nn.Sequential(
             nn.Linear(lstm_hidden, feature_dim), nn.ReLU(), nn.Linear(feature_dim, 1)
         )
@@ -153,17 +152,15 @@ class FactoredActorCritic(nn.Module):
         """Every head's logits side by side [M, sum of head sizes] (the op head's, then
         the sub-heads', which see the op): two matmuls, not one per head."""
         x = torch.cat([core, self.op_one_hot[op].to(core.dtype)], dim=-1)
-        heads = [self.sub_heads[name] for name in HEAD_NAMES[1:]]
-        weight = torch.cat([_linear(h).weight for h in heads])
-        bias = torch.cat([_linear(h).bias for h in heads])
+        weight = torch.cat([h.weight for h in self._sub_linears])
+        bias = torch.cat([h.bias for h in self._sub_linears])
         return torch.cat([self.op_head(core), F.linear(x, weight, bias)], dim=-1)
 
     def _head_masks(self, masks: ActionMasks, op: Tensor) -> Tensor:
         """Every head's mask side by side [M, sum of head sizes] (the slot head's is the
         chosen op's row of the slot mask)."""
-        parts = [
-            masks.slot_for_op(op) if name == "slot" else masks.head(name) for name in HEAD_NAMES
-        ]
+        parts = [getattr(masks, name) for name in HEAD_NAMES]
+        parts[_SLOT_HEAD] = masks.slot_for_op(op)
         return torch.cat(parts, dim=-1)
 
     def _padded(self, flat: Tensor, fill: float | bool) -> Tensor:
@@ -204,7 +201,7 @@ class FactoredActorCritic(nn.Module):
         mask = self._padded(self._head_masks(masks, op), False)
         lp = masked_log_softmax(self._padded(self._head_logits(core, op), MASKED_LOGIT), mask)
         chosen = [op]
-        for h, size in enumerate(self.space.head_sizes[n] for n in HEAD_NAMES[1:]):
+        for h, size in enumerate(self._sub_sizes):
             chosen.append(_choose(lp[:, h + 1, :size], generator, deterministic))
         actions = torch.where(self.relevance[op], torch.stack(chosen, dim=1), self.canonical)
         log_probs, entropy = self._relevant_only(

@@ -211,7 +211,7 @@ def attribution(c: RewardColumns, cfg: RewardConfig) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         per_seed = credit(c.credit_contribution, c.credit_progress, c.credit_alpha, cfg)
         target = credit(c.target_contribution, c.target_progress, c.after_alpha, cfg)
-    total = ordered_sum(per_seed[:, j] for j in range(per_seed.shape[1]))
+    total = ordered_sum(per_seed.T)  # seed by seed
     return np.where(c.has_credits, total, np.where(c.after_alive, target, 0.0))
 
 

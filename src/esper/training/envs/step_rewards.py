@@ -48,7 +48,7 @@ def param_columns(table: EnvTable) -> ParamColumns:
     live = _LIVE[t.stage]
     n_params = np.where(live, t.n_params, 0)
     weighted = effective_alphas(t) * n_params
-    effective = ordered_sum(weighted[:, j] for j in range(weighted.shape[1]))
+    effective = ordered_sum(weighted.T)  # slot by slot
     return ParamColumns(
         host=table.host_params,
         seeds=n_params.sum(axis=1),

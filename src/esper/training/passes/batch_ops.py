@@ -132,9 +132,9 @@ def train_batch(
     n = y.numel()
     accum = env.train_accum
     assert accum is not None
-    accum[TRAIN_ACCUM.index("loss_sum")] += loss_t.detach().float() * n
-    accum[TRAIN_ACCUM.index("correct")] += correct
-    accum[TRAIN_ACCUM.index("count")] += n
+    accum[_TRAIN_LOSS] += loss_t.detach().float() * n
+    accum[_TRAIN_CORRECT] += correct
+    accum[_TRAIN_COUNT] += n
 
 
 def train_epoch(
@@ -183,6 +183,9 @@ def train_results(envs: Sequence[EnvState]) -> tuple[torch.Tensor, torch.Tensor]
 
 #: A validation result's head per env: the real configuration's loss sum, the samples.
 VAL_HEAD = Layout(("loss_sum", 1), ("count", 1))
+#: The columns of the train sums and the validation head (read at every step).
+_TRAIN_LOSS, _TRAIN_CORRECT, _TRAIN_COUNT = map(TRAIN_ACCUM.index, ("loss_sum", "correct", "count"))
+_VAL_LOSS, _VAL_COUNT = map(VAL_HEAD.index, ("loss_sum", "count"))
 
 
 def validate_fused(
@@ -278,16 +281,16 @@ def gather_step_stats(
     sizes = [p.numel() for p in parts]
     tr, gr, vh, co, rest = np.split(host, np.cumsum(sizes))
     tr, vh = tr.reshape(-1, TRAIN_ACCUM.width), vh.reshape(-1, VAL_HEAD.width)
-    count = np.maximum(tr[:, TRAIN_ACCUM.index("count")], 1.0)
-    n_val = np.maximum(vh[:, VAL_HEAD.index("count")], 1.0)
+    count = np.maximum(tr[:, _TRAIN_COUNT], 1.0)
+    n_val = np.maximum(vh[:, _VAL_COUNT], 1.0)
     config_accs = 100.0 * co / np.repeat(n_val, np.diff(np.append(first, co.size)))
     extra = None
     if extras is not None:
         extra = np.split(rest, np.cumsum([e.numel() for e in extras])[:-1])
     return StepStats(
-        train_loss=tr[:, TRAIN_ACCUM.index("loss_sum")] / count,
-        train_acc=100.0 * tr[:, TRAIN_ACCUM.index("correct")] / count,
-        val_loss=vh[:, VAL_HEAD.index("loss_sum")] / n_val,
+        train_loss=tr[:, _TRAIN_LOSS] / count,
+        train_acc=100.0 * tr[:, _TRAIN_CORRECT] / count,
+        val_loss=vh[:, _VAL_LOSS] / n_val,
         val_acc=100.0 * co[first] / n_val,
         config_accs=config_accs,
         grad_norms=gr.reshape(grads.shape),
