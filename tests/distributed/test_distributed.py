@@ -113,6 +113,14 @@ def test_each_rank_writes_its_own_contiguous_partitions(cli_run: Path) -> None:
     assert sorted(steps.unique(["rank", "env"]).select("rank", "env").rows()) == [
         (0, 0), (0, 1), (1, 2), (1, 3),
     ]  # fmt: skip
+    # Lifecycle records name the env by its global index, on its own rank.
+    lifecycle = pl.concat(
+        _parquet(cli_run, t).select("rank", "env")
+        for t in ("gate_evaluated", "seed_stage_changed", "seed_germinated", "seed_pruned")
+        if (cli_run / "events" / f"type={t}").exists()
+    )
+    assert set(lifecycle.unique().rows()) <= {(0, 0), (0, 1), (1, 2), (1, 3)}
+    assert set(lifecycle["rank"].to_list()) == {0, 1}
     for run_level in ("run_started", "run_finished", "round_finished", "ppo_update"):
         assert set(_parquet(cli_run, run_level)["rank"].to_list()) == {0}, run_level
     assert _parquet(cli_run, "run_finished")["env_steps"].to_list() == [2 * 2 * 2 * 4]

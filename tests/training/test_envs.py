@@ -85,9 +85,11 @@ def test_host_envs_step_through_an_episode_with_data_only() -> None:
         totals += transitions.totals
         if step == 0:  # the germination's lifecycle records come back with the step
             assert transitions.executed.all()
-            germinated = [row for row, r in transitions.records
-                          if type(r).__name__ == "SeedGerminated"]  # fmt: skip
-            assert germinated == list(range(N_ENVS))
+            germinated = [r for r in transitions.records if type(r).__name__ == "SeedGerminated"]
+            # placed where they happened: round, global env, step
+            assert [(r.round, r.env, r.step) for r in germinated] == [
+                (0, i, 0) for i in range(N_ENVS)
+            ]
     s = envs.summaries()
     assert s.episode["seeds_germinated"].tolist() == [1] * N_ENVS
     assert (s.seed_params > 0).all() and s.active_seeds.tolist() == [1] * N_ENVS
@@ -109,7 +111,7 @@ def test_only_a_change_in_seeds_sends_an_env_to_its_optimizers_and_store() -> No
         envs.advance(0, step, PhaseTimes())
         t.unadopted.clear()
         transitions = envs.step(_heads(envs, actions), step)
-        kinds = {type(r).__name__ for row, r in transitions.records if row == 0}
+        kinds = {type(r).__name__ for r in transitions.records if r.env == 0}
         if actions[0] is advance:  # a gate checked (G2, passed or not: records either way)
             assert "GateEvaluated" in kinds and kinds <= {"GateEvaluated", "SeedStageChanged"}
             assert t.unadopted == set()
@@ -199,7 +201,7 @@ def test_auto_advance_grows_a_seed_from_one_germinate_and_masks_early_advance() 
     slot = envs.space.slot_ids[0]
     for step in range(horizon):
         epoch = envs.advance(0, step, PhaseTimes())
-        moves += [r for _, r in epoch.records if isinstance(r, SeedStageChanged)]
+        moves += [r for r in epoch.records if isinstance(r, SeedStageChanged)]
         obs = envs.observe(step)
         stage = envs.states[0].model.slot(slot).stage
         if stage == SeedStage.TRAINING:  # only reachable by G2's timing, never offered

@@ -225,7 +225,7 @@ class StampingHub(Hub):
     def _recorded(self, events: Sequence[Event]) -> bool:
         """Whether a batch of events of one level passes the level filter; raises for an
         unknown event type or a batch of several levels."""
-        types = {type(e) for e in events}
+        types = set(map(type, events))
         unknown = types - _LEVELS.keys()
         if unknown:
             raise _unknown_event(next(e for e in events if type(e) in unknown))

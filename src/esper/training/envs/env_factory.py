@@ -113,7 +113,7 @@ class EnvFactory:
             for name, model in models:
                 self._spare.setdefault(name, []).append(model)
         for env in envs:
-            env.model.set_reporter(table.reporter(env.row))
+            env.model.set_reporter(table.reporter(env.row, env.index))
         return envs
 
     def _model(

@@ -24,8 +24,8 @@ from esper.telemetry.events import GovernorRollback, LifecycleEvent
 from esper.training.envs.counterfactual import Attribution
 from esper.training.passes.batch_ops import StepStats
 
-#: Lifecycle records with the row (this rank's env position) of the env that made them.
-Records = list[tuple[int, LifecycleEvent]]
+#: Lifecycle records, placed (round, global env, step: ``EnvTable.reporter``), in order.
+Records = list[LifecycleEvent]
 
 
 @dataclass

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from esper.model.slot_table import SlotTable
@@ -38,6 +39,7 @@ COUNTED: dict[type, str] = {
     SeedFossilized: "seeds_fossilized",
     SeedPruned: "seeds_pruned",
 }
+_force_setattr = msgspec.structs.force_setattr
 
 
 class EnvTable:
@@ -66,8 +68,12 @@ class EnvTable:
         self.memory_alphas = np.zeros((n, n_slots))
         self.memory_potential = np.zeros(n)
         self.memory_seed_params = np.zeros(n, dtype=np.int64)
-        #: Lifecycle records as reported, with their env's row (:meth:`reporter`).
-        self.records: list[tuple[int, LifecycleEvent]] = []
+        #: Where the round is: its index and the step being played, what a lifecycle
+        #: record is placed at when it is reported (:meth:`reporter`).
+        self.round = -1
+        self.step = -1
+        #: Lifecycle records as reported, placed, in the order they happened.
+        self.records: list[LifecycleEvent] = []
         #: Rows whose seeds changed since their optimizers were last brought in line,
         #: and since a batched pass last adopted their seeds into its store.
         self.changed: set[int] = set()
@@ -98,15 +104,20 @@ class EnvTable:
         guard = Guard(n, cfg.governor, random_guess_loss=spec.random_guess_loss)
         return cls(n, n_slots, signals=signals, guard=guard)
 
-    def reporter(self, row: int) -> Callable[[LifecycleEvent], None]:
+    def reporter(self, row: int, env: int) -> Callable[[LifecycleEvent], None]:
         """Where env ``row``'s model reports its lifecycle records: into :attr:`records`
-        (in the order they happen), counted into its episode totals. A counted record
+        (in the order they happen), placed where they happened (the round, ``env``: the
+        env's global index, the step: a record is a fresh payload made for this alone,
+        so it is placed, not copied) and counted into its episode totals. A counted record
         (a seed grown, fossilized or pruned) marks the env as changed in structure: its
         seed optimizers are brought in line and a batched pass adopts its seeds. Gate
         checks and other stage moves change no module, so they mark nothing."""
 
         def report(record: LifecycleEvent) -> None:
-            self.records.append((row, record))
+            _force_setattr(record, "round", self.round)
+            _force_setattr(record, "env", env)
+            _force_setattr(record, "step", self.step)
+            self.records.append(record)
             name = COUNTED.get(type(record))
             if name is not None:
                 self.episode[name][row] += 1
@@ -115,8 +126,8 @@ class EnvTable:
 
         return report
 
-    def drain(self) -> list[tuple[int, LifecycleEvent]]:
-        """The (row, record) pairs reported since the last drain."""
+    def drain(self) -> list[LifecycleEvent]:
+        """The records reported since the last drain."""
         records, self.records = self.records, []
         return records
 

@@ -168,6 +168,7 @@ class HostEnvs:
         self.states = self.factory.create_round(rnd, stacked=self.batched and self.factory.stacks())
         self.table = self.states[0].table
         self.table.drain()  # creation reports nothing an event needs
+        self.table.round = rnd
         self.host_rows = None
         self.host_names = [env.host.name if env.host is not None else "" for env in self.states]
         if self.cfg.observes_host:
@@ -180,6 +181,7 @@ class HostEnvs:
         """One host epoch for every env: train, fused validation + counterfactual (ONE
         transfer), then attribution, governor, lifecycle ticks and signals."""
         t = self.t
+        t.step = step
         slots = t.slots
         alphas = effective_alphas(slots)
         reasons = unavailable_reasons(slots.stage, alphas)  # the passes change neither
@@ -232,6 +234,7 @@ class HostEnvs:
         """Execute each env's action (``heads[i]``: env i's head indices) and compute
         every reward (host-side, no sync). Only the envs that act run Python."""
         t = self.t
+        t.step = step
         op = heads[:, 0]
         target = Target.of(t.slots, np.where(SLOT_OPS[op], heads[:, 1], -1))
         executed = np.ones(t.n, dtype=bool)

@@ -62,7 +62,6 @@ BLUEPRINT_NAMES = np.array(ALL_BLUEPRINTS, dtype=object)
 ALPHA_TARGET_VALUES = np.array(ALPHA_TARGETS, dtype=np.float64)
 #: A ``reward_computed`` event's breakdown fields, in a breakdown row's column order.
 _BREAKDOWN_FIELDS = (*REWARD_COMPONENTS, "total")
-_force_setattr = msgspec.structs.force_setattr
 
 
 class DecisionColumns(Protocol):
@@ -266,9 +265,9 @@ class Recorder:
                 self._layer_stats(names, values, rnd=rnd, env=self.env_offset + row, step=step)
         for rb in e.rollbacks:
             self._penalize(rb.local, rb.penalty, penalized_step(step))
-            self._lifecycle(rb.pruned_records, rnd=rnd, step=step)
+            self._lifecycle(rb.pruned_records)
             self._rollback(rb.record, rnd=rnd, env=self.env_offset + rb.local)
-        self._lifecycle(e.records, rnd=rnd, step=step)
+        self._lifecycle(e.records)
         if self.hub.enabled(TelemetryLevel.NORMAL):
             self._counterfactuals(e.attribution, e.slot_ids, rnd=rnd, step=step)
 
@@ -284,7 +283,7 @@ class Recorder:
     ) -> None:
         """The previous step's rewards, then the actions' lifecycle records and events."""
         self.flush_rewards(rnd)
-        self._lifecycle(tr.records, rnd=rnd, step=step)
+        self._lifecycle(tr.records)
         if not self.hub.enabled(TelemetryLevel.NORMAL):
             return
         ops = OP_NAMES[tr.heads[:, 0]]
@@ -345,19 +344,10 @@ class Recorder:
         else:
             self._carried[row] = self._carried.get(row, 0.0) + penalty
 
-    def _lifecycle(self, records: Records, *, rnd: int, step: int) -> None:
-        """The models' lifecycle records, placed (round, global env, step) and emitted in
-        the order they happened, in one hub call. A record is a fresh payload each model
-        report makes for this alone, so it is placed in place, not copied."""
-        if not records or not self.hub.enabled(TelemetryLevel.LIFECYCLE):
-            return
-        offset, events = self.env_offset, []
-        for row, rec in records:
-            _force_setattr(rec, "round", rnd)
-            _force_setattr(rec, "env", offset + row)
-            _force_setattr(rec, "step", step)
-            events.append(rec)
-        self.hub.emit_batch(events)
+    def _lifecycle(self, records: Records) -> None:
+        """The models' lifecycle records (placed when reported), in one hub call."""
+        if records:
+            self.hub.emit_batch(records)
 
     def _rollback(self, rec: GovernorRollback, *, rnd: int, env: int) -> None:
         self.hub.emit(msgspec.structs.replace(rec, round=rnd, env=env))
