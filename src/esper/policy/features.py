@@ -50,6 +50,11 @@ ACTIVE_STAGES: Final = (
 BLUEPRINT_VOCAB: Final = len(ALL_BLUEPRINTS) + 1
 _ACTIVE_CODES: Final = code_set(ACTIVE_STAGES, STAGE_CODE)
 _MAX_TEMPO: Final = float(max(TEMPOS))
+#: The slot columns that enter the features as they are (as float64, one per feature).
+_AS_FLOAT: Final = (
+    "alpha", "contribution", "contribution_velocity", "improvement", "tempo", "alpha_target",
+    "alpha_velocity", "grad_norm_ratio", "epochs_in_stage", "age_epochs", "scheduled_prune",
+)  # fmt: skip
 
 #: (name, width) of each base feature, in column order.
 BASE_LAYOUT: Final[tuple[tuple[str, int], ...]] = (
@@ -173,31 +178,28 @@ def _slot_features(c: dict[str, np.ndarray], max_epochs: int) -> np.ndarray:
     since = c["epochs_since_contribution"].astype(np.float64)
     freshness = np.where(since >= 0, 1.0 / (1.0 + np.maximum(since, 0.0)), 0.0)
     horizon = float(max(max_epochs, 1))
-
-    def col(name: str) -> np.ndarray:
-        return np.asarray(c[name], dtype=np.float64)[..., None]
-
+    col = {name: np.asarray(c[name], dtype=np.float64)[..., None] for name in _AS_FLOAT}
     pieces = [
         active[..., None],
         _one_hot(stage, len(STAGES)),
-        col("alpha"),
-        symlog(col("contribution")),
-        symlog(col("contribution_velocity")),
-        symlog(col("improvement")),
-        col("tempo") / _MAX_TEMPO,
-        col("alpha_target"),
+        col["alpha"],
+        symlog(col["contribution"]),
+        symlog(col["contribution_velocity"]),
+        symlog(col["improvement"]),
+        col["tempo"] / _MAX_TEMPO,
+        col["alpha_target"],
         _one_hot(c["alpha_mode"], len(ALPHA_MODES)),
         progress[..., None],
-        col("alpha_velocity"),
+        col["alpha_velocity"],
         _one_hot(c["blend_op"], len(BLEND_OPS)) * active[..., None],
-        symlog(col("grad_norm_ratio")),
+        symlog(col["grad_norm_ratio"]),
         health[..., None],
         measured[..., None].astype(np.float64),
         (measured & (np.nan_to_num(health) < G2_MIN_GRADIENT_HEALTH))[..., None].astype(np.float64),
-        col("epochs_in_stage") / horizon,
+        col["epochs_in_stage"] / horizon,
         freshness[..., None],
-        col("age_epochs") / horizon,
-        col("scheduled_prune"),
+        col["age_epochs"] / horizon,
+        col["scheduled_prune"],
     ]
     return np.concatenate(pieces, axis=-1)
 
