@@ -39,7 +39,6 @@ HEAD_SIZES: Final[dict[str, int]] = {
 N_OPS: Final = len(LifecycleOp)
 N_HEADS: Final = len(HEAD_NAMES)
 STYLES: Final = tuple(GerminationStyle)
-_SLOT_HEAD: Final = HEAD_NAMES.index("slot")
 #: Every head's size in head order, the slot head's (the host's) left 0.
 _FIXED_SIZES: Final = tuple(HEAD_SIZES.get(name, 0) for name in HEAD_NAMES)
 #: Per op, the canonical values of the heads it does not use.
@@ -162,7 +161,7 @@ def decode_action(indices: Sequence[int], space: ActionSpace) -> DecodedAction:
         raise ValueError(f"expected {N_HEADS} head indices, got {len(indices)}")
     values = list(map(int, indices))
     sizes = list(_FIXED_SIZES)
-    sizes[_SLOT_HEAD] = space.n_slots
+    sizes[HEAD_INDEX["slot"]] = space.n_slots
     for name, idx, size in zip(HEAD_NAMES, values, sizes, strict=True):
         if not 0 <= idx < size:
             raise ValueError(f"head {name!r} index {idx} out of range [0, {size})")

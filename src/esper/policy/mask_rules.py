@@ -14,7 +14,7 @@ alpha 1, G3). See :mod:`esper.policy.masks` for why.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -33,14 +33,14 @@ from esper.model.slot_table import MODE_CODE, STAGE_CODE, code_set
 from esper.model.ticks import advance_ready
 from esper.policy.actions import N_OPS
 
-
-def _codes(stages: Iterable[SeedStage]) -> np.ndarray:
-    return code_set(stages, STAGE_CODE)
-
-
-_BLOCKING = _codes(GERMINATE_BLOCKING)
-_OCCUPYING = _codes(OCCUPYING)
-_RETARGETABLE = _codes(RETARGETABLE)
+_BLOCKING = code_set(GERMINATE_BLOCKING, STAGE_CODE)
+_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
+_RETARGETABLE = code_set(RETARGETABLE, STAGE_CODE)
+#: The prunable stages, by ``prune_after_blending``.
+_PRUNABLE = {
+    False: code_set(PRUNABLE, STAGE_CODE),
+    True: code_set(PRUNABLE_AFTER_BLENDING, STAGE_CODE),
+}
 
 
 def slot_op_mask(
@@ -76,9 +76,9 @@ def slot_op_mask(
         stage, col["epochs_in_stage"], at_rest, col["alpha_target"], g2_min_epochs=g2_min_epochs
     )
     slot[:, LifecycleOp.FOSSILIZE] = steady & (stage == STAGE_CODE[SeedStage.HOLDING])
-    prunable = PRUNABLE_AFTER_BLENDING if prune_after_blending else PRUNABLE
+    prunable = _PRUNABLE[prune_after_blending]
     slot[:, LifecycleOp.PRUNE] = (
-        steady & at_rest & (col["age_epochs"] >= MIN_PRUNE_AGE) & _codes(prunable)[stage]
+        steady & at_rest & (col["age_epochs"] >= MIN_PRUNE_AGE) & prunable[stage]
     )
     slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & _RETARGETABLE[stage]
     return slot

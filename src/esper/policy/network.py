@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from esper.core.constants import CANONICAL_HEAD_VALUE, HEAD_NAMES, MASKED_LOGIT, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp
-from esper.policy.actions import N_OPS, ActionSpace
+from esper.policy.actions import HEAD_INDEX, N_OPS, ActionSpace
 from esper.policy.features import BLUEPRINT_VOCAB
 from esper.policy.masks import ActionMasks
 from esper.policy.protocol import EvalOutput, Hidden, PolicyInput, PolicyStep
@@ -32,7 +32,6 @@ _HIDDEN_GAIN = math.sqrt(2.0)
 _POLICY_GAIN = 0.01  # near-uniform initial policy
 _VALUE_GAIN = 1.0
 _FORGET_BIAS = 1.0
-_SLOT_HEAD = HEAD_NAMES.index("slot")
 
 
 def masked_log_softmax(logits: Tensor, mask: Tensor) -> Tensor:
@@ -160,7 +159,7 @@ class FactoredActorCritic(nn.Module):
         """Every head's mask side by side [M, sum of head sizes] (the slot head's is the
         chosen op's row of the slot mask)."""
         parts = [getattr(masks, name) for name in HEAD_NAMES]
-        parts[_SLOT_HEAD] = masks.slot_for_op(op)
+        parts[HEAD_INDEX["slot"]] = masks.slot_for_op(op)
         return torch.cat(parts, dim=-1)
 
     def _padded(self, flat: Tensor, fill: float | bool) -> Tensor:
