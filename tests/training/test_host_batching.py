@@ -483,6 +483,41 @@ def test_one_seed_kind_in_every_env_matches_the_per_env_path(digits) -> None:
     assert {e.model.slot(s0).alpha.alpha for e in batched} == {0.5, 0.25}
 
 
+def test_several_seed_kinds_at_one_slot_train_as_the_per_env_path(digits) -> None:
+    """One slot holding three seed kinds (two blueprints blending, one TRAINING, later
+    one of them frozen by a scheduled prune) and rows that pass through (a GERMINATED
+    seed, no seed): the kinds' seed tensors are gathered with one index, the slot's rows
+    regrouped with one, the gradients put back and only the stepping seeds stepped,
+    exactly as each env alone (float64, as above); kinds come in order of their first
+    row."""
+
+    def mixed(envs: list[EnvState], epoch: int) -> None:
+        s0 = envs[0].model.slot_ids[0]
+        if epoch == 1:
+            blueprints = ("conv_light", "conv_heavy", "conv_light")
+            for env, blueprint in zip(envs[1:], blueprints, strict=True):
+                _germinate(env, s0, blueprint, tempo=2)
+            _drive(envs[1], s0, SeedStage.BLENDING)
+            _drive(envs[2], s0, SeedStage.TRAINING)
+        if epoch == 2:
+            _drive(envs[2], s0, SeedStage.BLENDING)
+            _drive(envs[3], s0, SeedStage.TRAINING)
+            envs[1].model.tick(60.0)  # alpha 1/2: env 1's seed learns, gains momentum
+        if epoch == 3:  # env 1's seed ramps out, frozen: in the forward, not stepping
+            while not envs[1].model.slot(s0).alpha.at_rest:
+                envs[1].model.tick(60.0)
+            assert envs[1].model.prune(
+                s0, speed=4, reason=PruneReason.POLICY, initiator=Initiator.POLICY
+            )
+
+    _, batched, groups = _run_both(digits, 5, mixed, dtype=torch.float64)
+    s0 = batched[0].model.slot_ids[0]
+    # Epoch 1: env 1 blends, env 2 trains, env 3 is GERMINATED, env 0 has no seed.
+    # Epoch 2 on: envs 1 and 2 blend different blueprints, env 3 trains.
+    assert groups == [{}, {s0: [1, 1]}, *[{s0: [1, 1, 1]}] * 3]
+    assert batched[1].model.slot(s0).life.scheduled_prune
+
+
 def test_each_pass_runs_its_own_templates_in_its_own_mode(digits) -> None:
     """Training runs the first env's modules, evaluation the last's, so each keeps its
     mode between passes; every module a pass runs is in that pass's mode, and a seed

@@ -26,20 +26,38 @@ if TYPE_CHECKING:
     from esper.training.envs.governor import Governor
 
 
-def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
+@dataclass(frozen=True)
+class SgdSettings:
+    """What a parameter's SGD step needs (dampening 0, no Nesterov): one home for the
+    per-env optimizers and the batched step, which must step alike."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+def host_sgd(cfg: HostConfig) -> SgdSettings:
+    return SgdSettings(cfg.lr, cfg.momentum, cfg.weight_decay)
+
+
+def seed_sgd(cfg: HostConfig) -> SgdSettings:
+    return SgdSettings(cfg.seed_lr, cfg.momentum, 0.0)
+
+
+def _sgd(params: Any, s: SgdSettings) -> torch.optim.Optimizer:
     # foreach on every device: a few multi-tensor kernels per step instead of three per
     # parameter (torch picks foreach only on CUDA; on a CPU the results are identical).
     return torch.optim.SGD(
-        model.host_parameters(),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        foreach=True,
+        params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, foreach=True
     )
 
 
+def make_host_optimizer(model: MorphogeneticModel, cfg: HostConfig) -> torch.optim.Optimizer:
+    return _sgd(model.host_parameters(), host_sgd(cfg))
+
+
 def make_seed_optimizer(params: list[torch.nn.Parameter], cfg: HostConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=cfg.seed_lr, momentum=cfg.momentum, foreach=True)
+    return _sgd(params, seed_sgd(cfg))
 
 
 @dataclass(frozen=True)

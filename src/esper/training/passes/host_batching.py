@@ -41,7 +41,7 @@ from torch import Tensor
 from esper.core.enums import SeedStage, Topology
 from esper.model.slot_table import STAGE_CODE
 from esper.model.snapshot import snapshot_fossils
-from esper.training.envs.env_state import EnvState
+from esper.training.envs.env_state import EnvState, SgdSettings, host_sgd
 from esper.training.passes.batch_ops import (
     PassOptions,
     autocast,
@@ -49,7 +49,7 @@ from esper.training.passes.batch_ops import (
     validate_fused,
 )
 from esper.training.passes.host_store import HostStore, RowSnapshot
-from esper.training.passes.slot_groups import HostBatch, SgdSettings, sgd_settings
+from esper.training.passes.slot_groups import HostBatch, sgd_settings
 
 Batch = tuple[Tensor, Tensor]
 _FOSSILIZED = STAGE_CODE[SeedStage.FOSSILIZED]
@@ -68,12 +68,6 @@ def batchable(env: EnvState) -> SgdSettings | None:
     if settings is None or not all(p.requires_grad for p in env.model.host.parameters()):
         return None
     return settings
-
-
-def sgd_settings_of(env: EnvState) -> SgdSettings:
-    """The host SGD settings the env factory gives every env (``[host]``)."""
-    cfg = env.host_cfg
-    return SgdSettings(cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
 def _groups(envs: Sequence[EnvState]) -> list[list[int]]:
@@ -106,7 +100,7 @@ def make_stores(
 ) -> list[HostStore]:
     """A new round's stores, the hosts (on the meta device) initialised straight into
     them from their seeds (:meth:`HostStore.initialise`); kept on the round's table."""
-    settings = sgd_settings_of(envs[0])
+    settings = host_sgd(envs[0].host_cfg)
     stores = [
         HostStore.initialise(
             [envs[i] for i in g], settings, [seeds[i] for i in g], channels_last=channels_last

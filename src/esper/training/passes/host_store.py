@@ -19,7 +19,6 @@ with dampening 0 (``0 * m + g == g``).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,14 +32,14 @@ from esper.core.enums import SeedStage
 from esper.model.blending import BlendGate
 from esper.model.builder import initialise_host
 from esper.model.lifecycle import BLENDED_STAGES
-from esper.model.slot_table import STAGE_CODE, code_set
+from esper.model.slot_table import STAGE_CODE, blueprint_id, code_set
 from esper.model.snapshot import restore_fossils
+from esper.training.envs.env_state import seed_sgd
 from esper.training.passes.flat_layout import Entry, FlatLayout, HostPart, names_under
 
 if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
-    from esper.training.envs.env_state import EnvState
-    from esper.training.passes.slot_groups import SgdSettings
+    from esper.training.envs.env_state import EnvState, SgdSettings
 
 _BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 #: Stages whose seed has stepped (it was in a train pass's forward).
@@ -100,6 +99,17 @@ class SeedLayout:
                 self.segments[(slot_id, name)] = seg
                 offset += seg.width
         self.width = offset
+        # The same as arrays by (slot column, blueprint id), for a pass's rows at once.
+        ids = {name: blueprint_id(name) for name in model.registry.names(model.topology)}
+        shape = (len(model.slot_ids), max(ids.values(), default=0) + 1)
+        self.offset_of = np.zeros(shape, dtype=np.int64)
+        self.seed_width_of = np.zeros(shape, dtype=np.int64)
+        self.gate_width = np.zeros(len(model.slot_ids), dtype=np.int64)
+        for (slot_id, name), seg in self.segments.items():
+            col = model.slot_ids.index(slot_id)
+            self.offset_of[col, ids[name]] = seg.offset
+            self.seed_width_of[col, ids[name]] = seg.seed.width
+            self.gate_width[col] = seg.gate.width
 
     @classmethod
     def of(cls, model: MorphogeneticModel) -> SeedLayout:
@@ -158,6 +168,7 @@ class HostStore:
         self.local_of[self.rows] = np.arange(len(envs))
         self.indices = np.array([e.index for e in envs], dtype=np.int64)
         self.host_settings = host_settings
+        self.seed_settings = seed_sgd(envs[0].host_cfg)  # every seed optimizer's
         self.params_layout = layout
         self.params, self.momentum, self.buffers = params, momentum, buffers
         n = len(envs)
@@ -170,26 +181,14 @@ class HostStore:
         #: used again by a later germination is a new seed).
         self._adopted: list[dict[str, tuple[nn.Module, str]]] = [{} for _ in envs]
         self.adopt_seeds(range(n))
-        #: Row index tensors and SGD masks of the seed kinds (kinds change rarely).
+        #: Row index tensors of the batches' members (validation's configuration rows).
         self.index_cache: dict[bytes, Tensor] = {}
-        self.mask_cache: dict[object, Any] = {}
         #: The seed kinds of the last train (True) and evaluation (False) pass, by
         #: signature (``slot_groups.HostBatch``: the grouping persists while it holds).
         self.kinds_seen: dict[bool, dict[tuple[object, ...], Any]] = {}
         self._host_parts: dict[tuple[str, ...], tuple[HostPart, ...]] = {}
         #: The host's runs of modules per pass type and cut points (``HostBatch``).
         self.runs_seen: dict[tuple[bool, tuple[int, ...]], Any] = {}
-        #: Each seed column's part (a segment's seed tensors, or its gate's): what the
-        #: SGD masks are built from, per (env, part).
-        starts = sorted(
-            {seg.offset for seg in self.seeds.segments.values()}
-            | {seg.offset + seg.seed.width for seg in self.seeds.segments.values()}
-        )
-        self._part_starts = starts
-        self.n_parts = len(starts)
-        widths = [b - a for a, b in zip(starts, [*starts[1:], self.seeds.width], strict=True)]
-        part_ids = torch.repeat_interleave(torch.arange(self.n_parts), torch.tensor(widths))
-        self.column_part = part_ids.to(self.device, non_blocking=True)
         self.slot_membership, self.host_ref_membership = self._memberships(model)
 
     @classmethod
@@ -369,12 +368,6 @@ class HostStore:
                     self.seed_momentum[i, cols] = 0.0
                 _repoint(tensors, lay.row_views(self.seed_params[i, cols]))
                 adopted[slot_id] = (slot.seed, slot.life.seed_id)
-
-    def parts_of(self, offset: int, width: int) -> slice:
-        """The parts that columns ``offset .. offset + width`` cover (consecutive ones:
-        the parts' starts are sorted)."""
-        starts = self._part_starts
-        return slice(bisect.bisect_left(starts, offset), bisect.bisect_left(starts, offset + width))
 
     def clear_momentum(self, env: EnvState) -> None:
         """A rollback cleared this env's optimizers: no momentum anywhere."""

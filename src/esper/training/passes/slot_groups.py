@@ -8,9 +8,10 @@ vmapped over its rows' host parameters (the group's
 slots without seeds to run in one call (each vmapped call costs the host Python of its
 own, whatever its arithmetic). At each slot it splits the batch only by
 that slot's seed kind (blueprint, stage class, blend operator, trainability, whether it
-steps), read from the round's slot table for all rows at once; runs each kind vmapped
-over its own rows (their rows of the seed store, gathered with one index); and puts the
-activations back in row order. Empty slots and seeds outside the forward (GERMINATED,
+steps), read from the round's slot table for all cells at once (:mod:`seed_kinds`);
+runs each kind vmapped over its own rows (every kind's seed tensors gathered with one
+index, a slot's rows grouped by kind with one); and puts the activations back in row
+order with one. Empty slots and seeds outside the forward (GERMINATED,
 cooldown) pass the activation through, as in ``SeedSlot.forward``. Clipping, the SGD
 step and gradient norms then run on the stacked gradients: a handful of kernels for all
 envs together.
@@ -34,30 +35,14 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from esper.core.enums import BlendOp, SeedStage
-from esper.model.lifecycle import BLENDED_STAGES
-from esper.model.slot import SeedSlot
-from esper.model.slot_table import BLEND_CODE, STAGE_CODE, code_set
-from esper.training.envs.env_state import TRAIN_ACCUM
+from esper.training.envs.env_state import TRAIN_ACCUM, SgdSettings
 from esper.training.passes.batch_ops import PassOptions, autocast, loss_and_correct
 from esper.training.passes.flat_layout import FlatLayout, HostPart
 from esper.training.passes.host_store import HostStore, clip_coefficients
+from esper.training.passes.seed_kinds import group_seeds
 
 #: ``torch.nn.utils.clip_grad_norm_``'s guard against a zero norm (kept identical).
 CLIP_EPS = 1e-6
-_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
-_TRAINING = STAGE_CODE[SeedStage.TRAINING]
-_GATE = BLEND_CODE[BlendOp.GATE]
-_N_BLEND = len(BLEND_CODE)
-
-
-@dataclass(frozen=True)
-class SgdSettings:
-    """What a parameter's SGD step needs (dampening 0, no Nesterov: the env factory's)."""
-
-    lr: float
-    momentum: float
-    weight_decay: float
 
 
 def sgd_settings(opt: torch.optim.Optimizer) -> SgdSettings | None:
@@ -94,23 +79,6 @@ class _Run:
         )
 
 
-@dataclass(frozen=True, eq=False)
-class _Kind:
-    """The rows of one seed kind at one slot, and where their tensors live. Compared by
-    identity: a pass reuses the previous pass's kind while its rows and key stay, so the
-    SGD masks are cached on the kinds themselves (:meth:`HostBatch._seed_masks`)."""
-
-    slot_id: str
-    rows: tuple[int, ...]  # positions in the batch
-    index: Tensor  # ``rows`` on the device
-    store_index: Tensor  # their envs' rows of the seed store
-    module: SeedSlot  # the forward code (a member's slot)
-    layout: FlatLayout  # the kind's tensors, relative to ``offset`` in the seed store
-    offset: int
-    trainable: bool
-    settings: SgdSettings | None  # None: some tensor has no optimizer (does not step)
-
-
 class HostBatch:
     """A batch of rows over one store's envs, for one pass (see the module docstring).
 
@@ -139,104 +107,46 @@ class HostBatch:
         self.members = np.arange(len(self.envs)) if members is None else members
         self.whole = members is None  # each env once, in order: the store itself
         self._member_index = None if self.whole else store.index(self.members)
-        rows = store.rows[self.members]  # the batch rows' table rows
         if alphas is None:
             alphas = store.alphas()[self.members]
         self.alphas = torch.from_numpy(alphas.astype(np.float32)).to(self.device, non_blocking=True)
-        slot_ids = self.model.slot_ids  # the table's column order
-        #: The last pass of this kind's seed kinds by signature: reused while unchanged.
-        self._previous = store.kinds_seen.get(train, {})
-        self._seen: dict[tuple[object, ...], _Kind] = {}
-        self.kinds = {s: self._kinds_at(j, s, rows) for j, s in enumerate(slot_ids)}
-        store.kinds_seen[train] = self._seen
+        # The seed kinds at each slot (the last such pass's kinds reused where they
+        # hold) and the indices that move their rows and tensors.
+        previous = store.kinds_seen.get(train, {})
+        self.kinds, self.plan, store.kinds_seen[train] = group_seeds(
+            store, self.members, train=train, previous=previous
+        )
         self.host_settings = store.host_settings
         self.slot_at = {self.model.positions[s].segment: s for s in self.model.slot_ids}
         self._runs: list[_Run] | None = None
         self._run_widths: list[int] = []
         self._loss = torch.vmap(loss_and_correct)
         self.accum = torch.zeros(len(self.members), TRAIN_ACCUM.width, device=self.device)
-        self.leaves: dict[int, Tensor] = {}
+        #: Every kind's seed tensors as one flat tensor (a leaf when seeds train), and
+        #: each kind's piece of it (:meth:`_gather_seeds`).
+        self.seed_leaf: Tensor | None = None
+        self.pieces: tuple[Tensor, ...] | None = None
         self.grad_norms: Tensor | None = None
         #: The last batch's clipped gradients: host [N, P] and seeds [N, S] (or None).
         self.last_grads: tuple[Tensor, Tensor | None] | None = None
 
-    # --- grouping --------------------------------------------------------------------
-
-    def _kinds_at(self, col: int, slot_id: str, rows: np.ndarray) -> list[_Kind]:
-        """The seed kinds at slot ``col``, from the table's columns for every row."""
-        t = self.store.table.slots
-        stage = t.stage[rows, col]
-        training = stage == _TRAINING
-        in_forward = _BLENDED[stage] | (self.train & training)
-        if not in_forward.any():
-            return []
-        trainable = ~t.scheduled_prune[rows, col]
-        stepping = self.store.table.seed_sgd[rows, col]
-        # The kind's key (blueprint, stage class, blend operator, trainability, whether
-        # it steps) as one integer per row: a 1-d unique, not a unique over rows.
-        key = t.blueprint_id[rows, col] * 2 + training
-        key = ((key * _N_BLEND + t.blend_op[rows, col]) * 2 + trainable) * 2 + stepping
-        key = key[in_forward]
-        positions = np.nonzero(in_forward)[0]
-        first, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
-        kinds = []
-        for k in np.argsort(first, kind="stable"):  # kinds in order of their first row
-            batch_rows = positions[inverse == k]
-            # Same slot, key and rows as a kind of the last such pass: the same kind
-            # (its template slot, layout, index tensors and SGD settings still hold).
-            signature = (col, int(key[first[k]]), batch_rows.tobytes(),
-                         self.members[batch_rows].tobytes())  # fmt: skip
-            kind = self._previous.get(signature)
-            if kind is None:
-                kind = self._kind(col, slot_id, batch_rows)
-            self._seen[signature] = kind
-            kinds.append(kind)
-        return kinds
-
-    def _kind(self, col: int, slot_id: str, batch_rows: np.ndarray) -> _Kind:
-        store, t = self.store, self.store.table.slots
-        env_rows = self.members[batch_rows]
-        lead = int(env_rows[0 if self.train else -1])  # its slot runs the code (set_modes)
-        row = int(store.rows[lead])
-        env = self.envs[lead]
-        slot = env.model.slot_at(col)
-        seg = store.segment(slot_id, str(t.blueprint[row, col]))
-        training = t.stage[row, col] == _TRAINING
-        with_gate = t.blend_op[row, col] == _GATE and not training
-        opt = env.seed_optimizers.get(slot_id)
-        return _Kind(
-            slot_id=slot_id,
-            rows=tuple(batch_rows.tolist()),
-            index=store.index(batch_rows),
-            store_index=store.index(env_rows),
-            module=slot,
-            layout=seg.layout(bool(with_gate)),
-            offset=seg.offset,
-            trainable=not t.scheduled_prune[row, col],
-            settings=sgd_settings(opt) if store.table.seed_sgd[row, col] and opt else None,
-        )
-
     # --- forward ---------------------------------------------------------------------
 
-    def _gather_leaves(self) -> None:
-        """Each kind's seed tensors as one [n_kind, width] tensor (a leaf when it trains)."""
-        self.leaves = {}
-        n = len(self.envs)
-        for kinds in self.kinds.values():
-            for kind in kinds:
-                cols = self.store.seed_params[:, kind.offset : kind.offset + kind.layout.width]
-                everyone = self.whole and len(kind.rows) == n
-                leaf = cols.detach() if everyone else cols.index_select(0, kind.store_index)
-                if self.train and kind.trainable:
-                    leaf = leaf.detach().requires_grad_()
-                self.leaves[id(kind)] = leaf
+    def _gather_seeds(self) -> None:
+        """Every kind's seed tensors with one index, as one flat tensor (a leaf when
+        seeds train) split into the kinds' pieces."""
+        flat = self.store.seed_params.view(-1).index_select(0, self.plan.gather)
+        if self.plan.trained:
+            flat.requires_grad_()
+        self.seed_leaf = flat
+        self.pieces = torch.split(flat, self.plan.sizes)
 
     def forward(self, x: Tensor, host: Tensor | None = None) -> Tensor:
         """Logits [R, B, ...] of every row for inputs x [R, B, ...] at the rows' alphas;
         ``host`` is the stacked host parameters to differentiate (default: the store's,
         gathered for the rows)."""
-        if not self.leaves:
-            self._gather_leaves()
+        if self.pieces is None:
+            self._gather_seeds()
         store = self.store
         if host is None:
             host = store.params
@@ -284,22 +194,36 @@ class HostBatch:
         return self._runs
 
     def _slot(self, slot_id: str, h: Tensor) -> Tensor:
+        """Each seed kind at the slot on its rows: the rows grouped by kind with one
+        index, each group a slice, and put back in row order with one index (no
+        regrouping where one kind runs on every row)."""
         kinds = self.kinds[slot_id]
         if not kinds:
             return h
         column = self.alphas[:, self.model.slot_ids.index(slot_id)]  # [R]: one per row
-        everyone = len(kinds) == 1 and len(kinds[0].rows) == len(self.members)
-        out = h
-        for kind in kinds:
-            leaf = self.leaves[id(kind)]
+        order = self.plan.order.get(slot_id)
+        rows: tuple[Tensor, ...] = (h,)
+        alphas: tuple[Tensor, ...] = (column,)
+        if order is not None:
+            perm, inverse, sizes = order
+            rows = torch.split(h.index_select(0, perm), sizes)
+            alphas = torch.split(column.index_select(0, perm), sizes)
+        assert self.pieces is not None
+        parts = []
+        for i, kind in enumerate(kinds):
+            # The kind's piece of the gathered seeds, detached if it does not train
+            # (its tensors get no gradient, as without the batch).
+            seeds = self.pieces[self.plan.first[slot_id] + i]
+            seeds = seeds.view(len(kind.rows), kind.layout.width)
+            if self.train and not kind.trainable:
+                seeds = seeds.detach()
             calls, widths = [(kind.module, kind.layout)], [kind.layout.width]
-            if everyone:  # every row runs the same seed kind here: no gather, no scatter
-                return _vmapped(calls, widths, leaf, [{}], h, column)
-            alpha = column.index_select(0, kind.index)
-            rows = h.index_select(0, kind.index)
-            part = _vmapped(calls, widths, leaf, [{}], rows, alpha)
-            out = out.index_copy(0, kind.index, part.to(out.dtype))
-        return out
+            out = _vmapped(calls, widths, seeds, [{}], rows[i], alphas[i])
+            parts.append(out if order is None else out.to(h.dtype))
+        if order is None:
+            return parts[0]
+        parts.extend(rows[len(kinds) :])  # the pass-through rows, if any
+        return torch.cat(parts).index_select(0, inverse)
 
     def set_modes(self) -> None:
         """Train or eval mode on the modules whose code runs (the batch's templates).
@@ -323,7 +247,7 @@ class HostBatch:
     ) -> None:
         """Forward and backward of every env, per-env clip, one SGD step; ``last``: also
         measure the gradient norms the per-env path takes after its epoch's last batch."""
-        self._gather_leaves()
+        self._gather_seeds()
         host = self.store.params.detach().requires_grad_()
         with autocast(self.device, opts.amp):
             logits = self.forward(x, host=host)
@@ -368,62 +292,29 @@ class HostBatch:
             self._seed_sgd(seed_grad)
 
     def _seed_grads(self) -> Tensor | None:
-        """Every trainable kind's gradient in its rows and columns of a [N, S] tensor."""
-        trained = [k for kinds in self.kinds.values() for k in kinds if k.trainable]
-        if not trained:
+        """The trainable kinds' gradients in their rows and columns of a [N, S] tensor
+        (one index for all kinds; zeros elsewhere), or None if no seed trains."""
+        leaf = self.seed_leaf
+        if leaf is None or leaf.grad is None:
             return None
         grads = torch.zeros_like(self.store.seed_params)
-        for kind in trained:
-            grad = self.leaves[id(kind)].grad
-            if grad is None:
-                continue
-            cols = grads[:, kind.offset : kind.offset + kind.layout.width]
-            if len(kind.rows) == len(self.envs):
-                cols.copy_(grad)
-            else:
-                cols.index_copy_(0, kind.index, grad)
+        grads.view(-1).index_copy_(0, self.plan.gather, leaf.grad)
         return grads
 
     def _seed_sgd(self, grads: Tensor) -> None:
-        """SGD on the rows and columns of stepping seeds only (masked, per settings)."""
-        store = self.store
-        for settings, (mask, decay) in self._seed_masks().items():
-            step = grads
-            if settings.weight_decay != 0:
-                step = torch.addcmul(grads, store.seed_params, mask, value=settings.weight_decay)
-            if settings.momentum != 0:
-                store.seed_momentum.mul_(decay).addcmul_(step, mask)
-                step = store.seed_momentum
-            store.seed_params.addcmul_(step, mask, value=-settings.lr)
-
-    def _seed_masks(self) -> dict[SgdSettings, tuple[Tensor, Tensor]]:
-        """Per settings, the 0/1 mask of stepping seed tensors and the momentum factor
-        (settings.momentum there, 1 elsewhere), as [N, S]: built on the host per
-        (env, segment part) and expanded on the device with one index (two kernels
-        however many kinds), and cached while the kinds stay the same."""
-        stepping = [k for kinds in self.kinds.values() for k in kinds if k.trainable and k.settings]
-        key = tuple(stepping)  # kinds compare by identity and live while reused
-        cached: dict[SgdSettings, tuple[Tensor, Tensor]] | None = self.store.mask_cache.get(key)
-        if cached is not None:
-            return cached
-        store = self.store
-        masks: dict[SgdSettings, tuple[Tensor, Tensor]] = {}
-        for settings in dict.fromkeys(k.settings for k in stepping):
-            assert settings is not None
-            table = np.zeros((len(self.envs), store.n_parts))
-            decay = np.ones((len(self.envs), store.n_parts))
-            for k in stepping:
-                if k.settings == settings:
-                    parts = store.parts_of(k.offset, k.layout.width)
-                    rows = np.array(k.rows)
-                    table[rows, parts] = 1.0
-                    decay[rows, parts] = settings.momentum
-            both = torch.from_numpy(np.stack([table, decay])).to(store.params.dtype)
-            both = both.to(self.device, non_blocking=True)
-            mask, factor = both.index_select(2, store.column_part).unbind(0)
-            masks[settings] = (mask, factor)
-        store.mask_cache = {key: masks}  # the kinds change rarely: keep the last only
-        return masks
+        """SGD on the stepping seeds' rows and columns only (masked)."""
+        masks = self.plan.masks(self.store)
+        if masks is None:
+            return
+        store, s = self.store, self.store.seed_settings
+        mask, decay = masks
+        step = grads
+        if s.weight_decay != 0:
+            step = torch.addcmul(grads, store.seed_params, mask, value=s.weight_decay)
+        if s.momentum != 0:
+            store.seed_momentum.mul_(decay).addcmul_(step, mask)
+            step = store.seed_momentum
+        store.seed_params.addcmul_(step, mask, value=-s.lr)
 
     def _grad_norms(self, host_sq: Tensor, seed_sq: Tensor | None, coef: Tensor) -> Tensor:
         """[N, n_slots, 2]: per slot [seed norm, host norm at the slot] of the clipped
@@ -454,7 +345,7 @@ class HostBatch:
             for kind in kinds:
                 if not kind.trainable:
                     continue
-                for row in kind.rows:
+                for row in kind.store_rows:  # numpy: no device sync
                     slot = self.envs[row].model.slot(kind.slot_id)
                     params = dict(slot.named_parameters())
                     cols = seed_grad[row, kind.offset : kind.offset + kind.layout.width]
