@@ -1,8 +1,8 @@
 """Which seed kinds run where in a batched pass, and the indices that move their rows
 and tensors (the pass's :class:`SeedPlan`).
 
-Why: a seed kind (blueprint, stage class, blend operator, trainability, whether it
-steps) is one vmapped call per slot, and the kinds change at nearly every step (any env
+Why: a seed kind (blueprint, stage class, blend operator where the forward reads it,
+trainability) is one vmapped call per slot, and the kinds change at nearly every step (any env
 that acts changes them). So the grouping is made for every pass from the slot table's
 columns for all (row, slot) cells at once, with a few array operations; Python runs once
 per kind only to name its template module. A batch then gathers every kind's seed
@@ -78,10 +78,13 @@ def group_seeds(
     blueprint, blend = t.blueprint_id[at, cols], t.blend_op[at, cols]
     trainable = ~t.scheduled_prune[at, cols]
     stepping = trainable & store.table.seed_sgd[at, cols]
-    # The kind's key (slot, blueprint, stage class, blend operator, trainability,
-    # whether it steps) as one integer per cell: a 1-d unique, not one over rows.
-    key = ((((blueprint * 2 + training) * _N_BLEND + blend) * 2 + trainable) * 2) + stepping
-    key = key * len(slot_ids) + cols
+    # The kind's key (slot, blueprint, stage class, blend operator, trainability) as
+    # one integer per cell: a 1-d unique, not one over rows. What the forward does not
+    # read stays out: a TRAINING seed's blend operator (its output is the host's, its
+    # layout has no gate) and whether the seed steps (the SGD masks are per cell).
+    blend_key = np.where(training, 0, blend)
+    key = (((blueprint * 2 + training) * _N_BLEND + blend_key) * 2 + trainable) * len(slot_ids)
+    key += cols
     first, inverse, counts = np.unique(
         key, return_index=True, return_inverse=True, return_counts=True
     )[1:]

@@ -7,8 +7,8 @@ vmapped over its rows' host parameters (the group's
 :class:`~esper.training.passes.host_store.HostStore`), and the segments between two
 slots without seeds to run in one call (each vmapped call costs the host Python of its
 own, whatever its arithmetic). At each slot it splits the batch only by
-that slot's seed kind (blueprint, stage class, blend operator, trainability, whether it
-steps), read from the round's slot table for all cells at once (:mod:`seed_kinds`);
+that slot's seed kind (blueprint, stage class, blend operator, trainability), read
+from the round's slot table for all cells at once (:mod:`seed_kinds`);
 runs each kind vmapped over its own rows (every kind's seed tensors gathered with one
 index, a slot's rows grouped by kind with one); and puts the activations back in row
 order with one. Empty slots and seeds outside the forward (GERMINATED,
