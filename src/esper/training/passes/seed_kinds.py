@@ -81,7 +81,7 @@ def group_seeds(
     # The kind's key (slot, blueprint, stage class, blend operator, trainability) as
     # one integer per cell: a 1-d unique, not one over rows. What the forward does not
     # read stays out: a TRAINING seed's blend operator (its output is the host's, its
-    # layout has no gate) and whether the seed steps (the SGD masks are per cell).
+    # layout has no gate) and whether the seed steps (the SGD step picks its cells).
     blend_key = np.where(training, 0, blend)
     key = (((blueprint * 2 + training) * _N_BLEND + blend_key) * 2 + trainable) * len(slot_ids)
     key += cols
@@ -145,9 +145,9 @@ class SeedPlan:
 
     ``gather``: the flat positions in the seed store of every kind's [rows, columns],
     kind after kind (``sizes`` each); ``first``: each slot's first kind; ``order``: per
-    slot with several kinds or pass-through rows, the batch rows grouped by kind (then
-    the pass-through ones), the inverse permutation and the group sizes; ``stepping``:
-    the flat positions of the seeds whose SGD steps (training only)."""
+    slot with several kinds or rows passing through, the kinds' batch rows, kind after
+    kind, and the kinds' sizes; ``stepping``: the flat positions of the seeds whose SGD
+    steps (training only)."""
 
     def __init__(
         self, store: HostStore, members: np.ndarray, cells: _Cells, *, train: bool
@@ -173,31 +173,14 @@ class SeedPlan:
             slot_rows = cells.rows[slot_cells[col] : slot_cells[col + 1]]
             if b - a == 1 and len(slot_rows) == n_rows:
                 continue  # one kind for every row: no regrouping
-            rest = np.ones(n_rows, dtype=bool)
-            rest[slot_rows] = False
-            perm = np.concatenate([slot_rows, np.flatnonzero(rest)])
-            indices += [perm, np.argsort(perm)]
-            through = n_rows - len(slot_rows)  # pass-through rows
-            regroup[slot_id] = [*cells.counts[a:b], *([through] if through else [])]
+            indices.append(slot_rows)
+            regroup[slot_id] = cells.counts[a:b]
         moved = torch.split(_on(store.device, np.concatenate(indices)), [len(i) for i in indices])
         self.gather = moved[0]
         self.stepping = moved[1] if len(stepping) else None
-        self.order: dict[str, tuple[Tensor, Tensor, list[int]]] = {
-            slot_id: (moved[2 + 2 * i], moved[3 + 2 * i], sizes)
-            for i, (slot_id, sizes) in enumerate(regroup.items())
+        self.order: dict[str, tuple[Tensor, list[int]]] = {
+            slot_id: (moved[2 + i], sizes) for i, (slot_id, sizes) in enumerate(regroup.items())
         }
-        self._masks: tuple[Tensor, Tensor] | None = None
-
-    def masks(self, store: HostStore) -> tuple[Tensor, Tensor] | None:
-        """The 0/1 mask of the stepping seeds' tensors and the momentum factor (the
-        seeds' momentum there, 1 elsewhere), as [N, S] (None if no seed steps): made
-        once per pass, with one index each."""
-        if self._masks is None and self.stepping is not None:
-            flat, at = store.seed_params.view(-1), self.stepping
-            mask = torch.zeros_like(flat).index_fill_(0, at, 1.0)
-            decay = torch.ones_like(flat).index_fill_(0, at, store.seed_settings.momentum)
-            self._masks = (mask.view_as(store.seed_params), decay.view_as(store.seed_params))
-        return self._masks
 
 
 def _seed_columns(store: HostStore, members: np.ndarray, cells: _Cells) -> np.ndarray:

@@ -194,9 +194,9 @@ class HostBatch:
         return self._runs
 
     def _slot(self, slot_id: str, h: Tensor) -> Tensor:
-        """Each seed kind at the slot on its rows: the rows grouped by kind with one
-        index, each group a slice, and put back in row order with one index (no
-        regrouping where one kind runs on every row)."""
+        """Each seed kind at the slot on its rows: the kinds' rows taken with one index,
+        kind after kind, each kind's a slice, and put back with one (no regrouping where
+        one kind runs on every row; other rows pass through)."""
         kinds = self.kinds[slot_id]
         if not kinds:
             return h
@@ -205,9 +205,9 @@ class HostBatch:
         rows: tuple[Tensor, ...] = (h,)
         alphas: tuple[Tensor, ...] = (column,)
         if order is not None:
-            perm, inverse, sizes = order
-            rows = torch.split(h.index_select(0, perm), sizes)
-            alphas = torch.split(column.index_select(0, perm), sizes)
+            index, sizes = order
+            rows = torch.split(h.index_select(0, index), sizes)
+            alphas = torch.split(column.index_select(0, index), sizes)
         assert self.pieces is not None
         parts = []
         for i, kind in enumerate(kinds):
@@ -218,12 +218,11 @@ class HostBatch:
             if self.train and not kind.trainable:
                 seeds = seeds.detach()
             calls, widths = [(kind.module, kind.layout)], [kind.layout.width]
-            out = _vmapped(calls, widths, seeds, [{}], rows[i], alphas[i])
-            parts.append(out if order is None else out.to(h.dtype))
+            parts.append(_vmapped(calls, widths, seeds, [{}], rows[i], alphas[i]))
         if order is None:
             return parts[0]
-        parts.extend(rows[len(kinds) :])  # the pass-through rows, if any
-        return torch.cat(parts).index_select(0, inverse)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return h.index_copy(0, order[0], out.to(h.dtype))
 
     def set_modes(self) -> None:
         """Train or eval mode on the modules whose code runs (the batch's templates).
@@ -302,19 +301,21 @@ class HostBatch:
         return grads
 
     def _seed_sgd(self, grads: Tensor) -> None:
-        """SGD on the stepping seeds' rows and columns only (masked)."""
-        masks = self.plan.masks(self.store)
-        if masks is None:
+        """SGD on the stepping seeds' tensors only: taken out of the store with one
+        index, stepped, put back with one (the store's other columns are other
+        blueprints' segments or seeds that do not step, and stay as they are)."""
+        at = self.plan.stepping
+        if at is None:
             return
-        store, s = self.store, self.store.seed_settings
-        mask, decay = masks
-        step = grads
+        s = self.store.seed_settings
+        params, momentum = self.store.seed_params.view(-1), self.store.seed_momentum.view(-1)
+        step = grads.view(-1).index_select(0, at)
         if s.weight_decay != 0:
-            step = torch.addcmul(grads, store.seed_params, mask, value=s.weight_decay)
+            step = step + params.index_select(0, at) * s.weight_decay
         if s.momentum != 0:
-            store.seed_momentum.mul_(decay).addcmul_(step, mask)
-            step = store.seed_momentum
-        store.seed_params.addcmul_(step, mask, value=-s.lr)
+            step = momentum.index_select(0, at).mul_(s.momentum).add_(step)
+            momentum.index_copy_(0, at, step)
+        params.index_copy_(0, at, params.index_select(0, at).add_(step * -s.lr))
 
     def _grad_norms(self, host_sq: Tensor, seed_sq: Tensor | None, coef: Tensor) -> Tensor:
         """[N, n_slots, 2]: per slot [seed norm, host norm at the slot] of the clipped
