@@ -14,6 +14,7 @@ existing field changes).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -74,7 +75,8 @@ def generate() -> dict[str, str]:
     }
     for tag in sorted(EVENT_TYPES):
         cls = EVENT_TYPES[tag]
-        files[f"{JSON_DIR}/{tag}.schema.json"] = _dump(msgspec.json.schema(cls))
+        json_schema = _clean_descriptions(msgspec.json.schema(cls))
+        files[f"{JSON_DIR}/{tag}.schema.json"] = _dump(json_schema)
         files[f"{ARROW_DIR}/{tag}.json"] = _dump(
             {
                 "event_type": tag,
@@ -85,6 +87,21 @@ def generate() -> dict[str, str]:
         catalogue["events"][tag] = _catalogue_entry(cls)
     files[CATALOGUE_NAME] = _dump(catalogue)
     return files
+
+
+def _clean_descriptions(node: Any) -> Any:
+    """The schema with each docstring-derived ``description`` dedented
+    (``inspect.cleandoc``): msgspec 0.22 keeps a docstring's indentation and 0.23
+    removes it, and the committed files must not depend on which one is installed."""
+    if isinstance(node, dict):
+        return {
+            k: inspect.cleandoc(v) if k == "description" and isinstance(v, str)
+            else _clean_descriptions(v)
+            for k, v in node.items()
+        }  # fmt: skip
+    if isinstance(node, list):
+        return [_clean_descriptions(v) for v in node]
+    return node
 
 
 def _existing(root: Path) -> dict[str, str]:
