@@ -152,19 +152,22 @@ class SeedPlan:
     def __init__(
         self, store: HostStore, members: np.ndarray, cells: _Cells, *, train: bool
     ) -> None:
-        flat = _seed_columns(store, members, cells)
         counts = np.asarray(cells.counts, dtype=np.int64)
         kind_starts = np.cumsum(counts) - counts
         sizes = np.add.reduceat(cells.widths, kind_starts) if len(counts) else counts
         self.sizes: list[int] = sizes.tolist()
         self.trained = train and cells.trains
-        stepping = flat[np.repeat(cells.stepping, cells.widths)] if train else flat[:0]
+        # Each cell's seed: columns ``offsets .. + widths`` of its env's store row.
+        starts = members[cells.rows] * store.seeds.width + cells.offsets
+        steps = cells.stepping if train else np.zeros(len(starts), dtype=bool)
         # Each slot's first kind and first cell (kinds and cells run slot after slot).
         slot_ids = store.envs[0].model.slot_ids
         slot_kinds = np.searchsorted(cells.cols[kind_starts], np.arange(len(slot_ids) + 1))
         slot_cells = np.append(kind_starts, len(cells.rows))[slot_kinds]
-        # Every index the pass needs goes to the device at once, then split.
-        indices, regroup = [flat, stepping], {}
+        # Every index the pass needs goes to the device at once (per cell, not per
+        # tensor element: the element positions are made there), then split.
+        indices = [starts, cells.widths, starts[steps], cells.widths[steps]]
+        regroup = {}
         self.first: dict[str, int] = {}
         n_rows = len(members)
         for col in np.flatnonzero(np.diff(slot_kinds)):  # the slots with seeds to run
@@ -176,23 +179,20 @@ class SeedPlan:
             indices.append(slot_rows)
             regroup[slot_id] = cells.counts[a:b]
         moved = torch.split(_on(store.device, np.concatenate(indices)), [len(i) for i in indices])
-        self.gather = moved[0]
-        self.stepping = moved[1] if len(stepping) else None
+        self.gather = _ragged_range(moved[0], moved[1], int(cells.widths.sum()))
+        n_stepping = int(cells.widths[steps].sum())
+        self.stepping = _ragged_range(moved[2], moved[3], n_stepping) if n_stepping else None
         self.order: dict[str, tuple[Tensor, list[int]]] = {
-            slot_id: (moved[2 + i], sizes) for i, (slot_id, sizes) in enumerate(regroup.items())
+            slot_id: (moved[4 + i], sizes) for i, (slot_id, sizes) in enumerate(regroup.items())
         }
 
 
-def _seed_columns(store: HostStore, members: np.ndarray, cells: _Cells) -> np.ndarray:
-    """The flat positions in the seed store of the cells' seeds, cell after cell (each
-    one's columns ``offsets .. + widths`` of its env's store row)."""
-    if not len(cells.rows):
-        return np.zeros(0, dtype=np.int64)
-    starts = members[cells.rows] * store.seeds.width + cells.offsets
-    # A ragged arange: each cell's start, minus where its columns land, repeated.
-    ends = np.cumsum(cells.widths)
-    flat: np.ndarray = np.arange(ends[-1]) + np.repeat(starts - ends + cells.widths, cells.widths)
-    return flat
+def _ragged_range(starts: Tensor, widths: Tensor, total: int) -> Tensor:
+    """``starts[i] .. starts[i] + widths[i]`` for every i, end to end (``total``
+    elements, known on the host: no sync), made where the tensors are."""
+    ends = widths.cumsum(0)
+    shift = torch.repeat_interleave(starts - ends + widths, widths, output_size=total)
+    return torch.arange(total, device=starts.device) + shift
 
 
 def _on(device: torch.device, index: np.ndarray) -> Tensor:
