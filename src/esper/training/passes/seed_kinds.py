@@ -107,12 +107,13 @@ def group_seeds(
     start = 0
     for k, count in zip(order, cells.counts, strict=True):
         batch_rows = cells.rows[start : start + count]
+        env_rows = members[batch_rows]
         col = cols[first[k]]
         start += count
-        signature = (int(key[first[k]]), batch_rows.tobytes(), members[batch_rows].tobytes())
+        signature = (int(key[first[k]]), batch_rows.tobytes(), env_rows.tobytes())
         kind = previous.get(signature)
         if kind is None:
-            kind = _kind(store, members[batch_rows], batch_rows, col, train=train)
+            kind = _kind(store, env_rows, batch_rows, col, train=train)
         seen[signature] = kind
         kinds[slot_ids[col]].append(kind)
     return kinds, SeedPlan(store, members, cells, train=train), seen

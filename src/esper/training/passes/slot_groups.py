@@ -105,8 +105,8 @@ class HostBatch:
         self.template = self.envs[0 if train else -1].model
         self.device = store.device
         self.members = np.arange(len(self.envs)) if members is None else members
-        self.whole = members is None  # each env once, in order: the store itself
-        self._member_index = None if self.whole else store.index(self.members)
+        # Each env once, in order (the store itself), or the rows gathered by one index.
+        self._member_index = None if members is None else store.index(self.members)
         if alphas is None:
             alphas = store.alphas()[self.members]
         self.alphas = torch.from_numpy(alphas.astype(np.float32)).to(self.device, non_blocking=True)
