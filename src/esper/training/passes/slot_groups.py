@@ -371,14 +371,22 @@ def _vmapped(
     and are unpacked into each module's tensors inside it, and a run of modules is one
     call: vmap's per-call and per-input work (flattening, batching each input, moving
     the batch dimension back) is done once, not once per module and tensor; ``widths``:
-    each module's columns."""
+    each module's columns. The buffers enter as plain arguments, their dicts made inside:
+    vmap flattens a list of dicts in Python, container by container (5-9 us per
+    module on a 2-core EPYC, an empty dict included)."""
+    tensors = itertools.chain.from_iterable(map(dict.values, buffers))
+    ends = list(itertools.accumulate(map(len, buffers), initial=len(extra)))
+    # Each module's buffer names and where its tensors are among vmap's arguments.
+    own = list(zip(map(tuple, buffers), ends, ends[1:], strict=False))
 
-    def one(row: Tensor, bufs: list[dict[str, Tensor]], z: Tensor, *e: Tensor) -> Tensor:
+    def one(row: Tensor, z: Tensor, *rest: Tensor) -> Tensor:
+        e = rest[: len(extra)]
         pieces = torch.split(row, widths) if len(calls) > 1 else (row,)
-        for (module, layout), piece, b in zip(calls, pieces, bufs, strict=True):
+        for (module, layout), piece, (keys, a, b) in zip(calls, pieces, own, strict=True):
             p = dict(zip(layout.names, layout.row_views(piece), strict=True))
-            z = functional_call(module, (p, b), (z, *e), tie_weights=layout.tied)
+            bufs = dict(zip(keys, rest[a:b], strict=True))
+            z = functional_call(module, (p, bufs), (z, *e), tie_weights=layout.tied)
         return z
 
-    out: Tensor = torch.vmap(one)(flat, list(buffers), h, *extra)
+    out: Tensor = torch.vmap(one)(flat, h, *extra, *tensors)
     return out
