@@ -43,6 +43,7 @@ from esper.training.passes.host_batching import (
     round_stores,
     train_epoch_batched,
     validate_batched,
+    widest_activation,
 )
 from esper.training.passes.host_store import HostStore
 from esper.training.passes.slot_groups import HostBatch
@@ -396,6 +397,48 @@ def test_batched_validation_matches_the_fused_per_env_pass(digits) -> None:
     assert batched[1].shape == (2 + 2 + 1 + 1,)
     for a, b in zip(fused, batched, strict=True):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-5), (a, b)
+
+
+def test_validation_past_its_element_budget_runs_in_chunks_of_samples(digits, monkeypatch) -> None:
+    """Rows x samples x the widest layer over ``max_elements``: each validation batch
+    runs in pieces (here of 7 samples: 128 is no multiple of it), with the results of
+    one piece (counts exact, loss sums to float order)."""
+    envs = _envs(digits)
+    it = _iterator(digits[1])
+    for epoch in range(2):
+        _script(envs, epoch)
+        train_epoch_batched(envs, _stacked(it, epoch, torch.float32), OPTS)
+    off = torch.zeros(len(envs[0].model.slot_ids))
+    configs, first = _flat(envs, [torch.stack([e.model.current_alphas(), off]) for e in envs])
+    data = digits[1]
+    val = val_batches(data.val_x, data.val_y, 128, limit=300)  # 128 + 128 + 44 samples
+    whole = validate_batched(envs, val, configs, first, OPTS)
+    widest = _store(envs).widest
+    assert widest is not None and widest >= val[0][0][0].numel()
+    forwards: list[int] = []
+    original = HostBatch.forward
+
+    def counted(self: HostBatch, x: torch.Tensor, host: torch.Tensor | None = None) -> torch.Tensor:
+        forwards.append(x.shape[1])
+        return original(self, x, host)
+
+    monkeypatch.setattr(HostBatch, "forward", counted)
+    chunked = validate_batched(
+        envs, val, configs, first, OPTS, max_elements=len(configs) * widest * 7
+    )
+    assert forwards == [7] * 18 + [2] + [7] * 18 + [2] + [7] * 6 + [2]
+    torch.testing.assert_close(chunked[0][:, 1], whole[0][:, 1], rtol=0, atol=0)  # counts
+    torch.testing.assert_close(chunked[1], whole[1], rtol=0, atol=0)  # correct per row
+    torch.testing.assert_close(chunked[0][:, 0], whole[0][:, 0], rtol=1e-5, atol=1e-3)
+
+
+def test_widest_activation_is_the_largest_output_of_any_module() -> None:
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10),
+    )  # fmt: skip
+    assert widest_activation(net, torch.zeros(1, 3, 8, 8)) == 8 * 8 * 8
+    assert not any(m._forward_hooks for m in net.modules())  # the hooks are removed
 
 
 def _flat(envs: list[EnvState], alphas: list[torch.Tensor | None]) -> tuple[np.ndarray, np.ndarray]:

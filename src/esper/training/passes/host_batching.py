@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from esper.core.enums import SeedStage, Topology
 from esper.model.slot_table import STAGE_CODE
@@ -57,6 +57,13 @@ IMAGE_DIMS = 4
 #: A batch for every env at once: inputs [N, B, ...] and targets [N, B] (the iterator's
 #: ``epoch_stacked``).
 Batches = tuple[Tensor, Tensor]
+#: Most elements one activation of the stacked validation may hold (rows x samples x
+#: the widest layer per sample); a validation batch past it runs in chunks of
+#: samples. cuDNN indexes with 32 bits: on an H200 the stacked validation failed with
+#: CUDNN_STATUS_NOT_SUPPORTED at 288 rows of 1,000 samples (2.36 billion elements in
+#: one activation) and ran at 94 rows (770 million). Half of 2^31 leaves room for a
+#: seed wider than the layer measured and bounds one activation to 4 GiB (float32).
+MAX_VALIDATION_ELEMENTS = 2**30
 
 
 def batchable(env: EnvState) -> SgdSettings | None:
@@ -205,9 +212,13 @@ def validate_batched(
     configs: np.ndarray,
     first: np.ndarray,
     opts: PassOptions,
+    *,
+    max_elements: int = MAX_VALIDATION_ELEMENTS,
 ) -> tuple[Tensor, Tensor]:
     """:func:`batch_ops.validate_fused` (same arguments and results) with every
-    (env, configuration) row of a group in one batch."""
+    (env, configuration) row of a group in one batch; the samples of a validation batch
+    in chunks where rows x samples x the host's widest layer would exceed
+    ``max_elements``."""
     stores = round_stores(envs)
     if stores is None:
         return validate_fused(envs, val_batches, configs, first, opts)
@@ -227,11 +238,54 @@ def validate_batched(
         real = is_real[rows]
         batch = HostBatch(store, train=False, members=members, alphas=configs[rows])
         batch.set_modes()
-        store_loss, hits, samples = _validate_rows(batch, val_batches, real, opts)
+        chunk = _sample_chunk(batch, val_batches, max_elements)
+        store_loss, hits, samples = _validate_rows(batch, _chunks(val_batches, chunk), real, opts)
         loss.index_copy_(0, store.index(store.rows), store_loss.to(device))
         count.index_copy_(0, store.index(store.rows), samples.to(device).expand(len(store.rows)))
         correct.index_copy_(0, store.index(rows), hits.to(device))
     return torch.stack([loss, count], dim=1), correct
+
+
+def _sample_chunk(batch: HostBatch, val_batches: Sequence[Batch], max_elements: int) -> int:
+    """Most samples one forward of the batch's rows may take: rows x samples x the
+    widest layer per sample at most ``max_elements``, and never under one sample. The
+    widest layer is measured once per store, on the evaluation template (its host and
+    its own seeds, in evaluation mode)."""
+    store = batch.store
+    if store.widest is None:
+        store.widest = widest_activation(batch.template, val_batches[0][0][:1])
+    return max(1, max_elements // (len(batch.members) * store.widest))
+
+
+def _chunks(val_batches: Sequence[Batch], size: int) -> list[Batch]:
+    """The validation batches with more than ``size`` samples split into pieces (views)."""
+    out: list[Batch] = []
+    for x, y in val_batches:
+        if len(y) <= size:
+            out.append((x, y))
+        else:
+            out += zip(torch.split(x, size), torch.split(y, size), strict=True)
+    return out
+
+
+@torch.no_grad()
+def widest_activation(module: nn.Module, sample: Tensor) -> int:
+    """Elements of the largest tensor that ``module`` or any module in it returns for one
+    ``sample`` (a forward in the module's current mode, with hooks)."""
+    widest = sample.numel()
+
+    def record(_module: nn.Module, _args: object, out: object) -> None:
+        nonlocal widest
+        if isinstance(out, Tensor):
+            widest = max(widest, out.numel())
+
+    hooks = [m.register_forward_hook(record) for m in module.modules()]
+    try:
+        module(sample)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return widest
 
 
 @torch.no_grad()
