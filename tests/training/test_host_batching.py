@@ -412,6 +412,11 @@ def test_validation_past_its_element_budget_runs_in_chunks_of_samples(digits, mo
     configs, first = _flat(envs, [torch.stack([e.model.current_alphas(), off]) for e in envs])
     data = digits[1]
     val = val_batches(data.val_x, data.val_y, 128, limit=300)  # 128 + 128 + 44 samples
+    # No validation data (before any): nothing to measure or chunk, the per-env zeros.
+    for a, b in zip(validate_batched(envs, [], configs, first, OPTS),
+                    validate_fused(envs, [], configs, first, OPTS), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert _store(envs).widest is None
     whole = validate_batched(envs, val, configs, first, OPTS)
     widest = _store(envs).widest
     assert widest is not None and widest >= val[0][0][0].numel()

@@ -252,6 +252,8 @@ def _sample_chunk(batch: HostBatch, val_batches: Sequence[Batch], max_elements: 
     widest layer is measured once per store, on the evaluation template (its host and
     its own seeds, in evaluation mode)."""
     store = batch.store
+    if not val_batches:
+        return 1
     if store.widest is None:
         store.widest = widest_activation(batch.template, val_batches[0][0][:1])
     return max(1, max_elements // (len(batch.members) * store.widest))
