@@ -217,7 +217,7 @@ def validate_batched(
 ) -> tuple[Tensor, Tensor]:
     """:func:`batch_ops.validate_fused` (same arguments and results) with every
     (env, configuration) row of a group in one batch; the samples of a validation batch
-    in chunks where rows x samples x the host's widest layer would exceed
+    in chunks where rows x samples x the widest layer per sample would exceed
     ``max_elements``."""
     stores = round_stores(envs)
     if stores is None:
@@ -249,11 +249,11 @@ def validate_batched(
 def _sample_chunk(batch: HostBatch, val_batches: Sequence[Batch], max_elements: int) -> int:
     """Most samples one forward of the batch's rows may take: rows x samples x the
     widest layer per sample at most ``max_elements``, and never under one sample. The
-    widest layer is measured once per store, on the evaluation template (its host and
-    its own seeds, in evaluation mode)."""
-    store = batch.store
+    widest layer is measured once per store, on the evaluation template (its host, in
+    evaluation mode, and its own seeds)."""
     if not val_batches:
         return 1
+    store = batch.store
     if store.widest is None:
         store.widest = widest_activation(batch.template, val_batches[0][0][:1])
     return max(1, max_elements // (len(batch.members) * store.widest))

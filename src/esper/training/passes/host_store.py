@@ -189,7 +189,7 @@ class HostStore:
         self._host_parts: dict[tuple[str, ...], tuple[HostPart, ...]] = {}
         #: The host's runs of modules per pass type and cut points (``HostBatch``).
         self.runs_seen: dict[tuple[bool, tuple[int, ...]], Any] = {}
-        #: Elements per sample of the host's widest layer on the validation data
+        #: Elements per sample of the widest layer on the validation data
         #: (measured by the first stacked validation: ``host_batching._sample_chunk``).
         self.widest: int | None = None
         self.slot_membership, self.host_ref_membership = self._memberships(model)
