@@ -51,12 +51,12 @@ import torch
 from esper.core.enums import GerminationStyle, Initiator, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import load_task
+from esper.model.lifecycle import effective_alphas
 from esper.training.envs.action_execution import sync_seed_optimizers
 from esper.training.envs.counterfactual import Ablations, ablations, unavailable_reasons
 from esper.training.envs.env_factory import EnvFactory
 from esper.training.envs.env_state import EnvState
 from esper.training.envs.host_envs import VAL_BATCH_FACTOR
-from esper.training.envs.step_rewards import effective_alphas
 from esper.training.launch_count import LaunchCounter
 from esper.training.passes.batch_ops import PassOptions, train_batch, validate_fused
 from esper.training.passes.host_batching import (

@@ -108,19 +108,7 @@ class AlphaController(Cell):
             raise AlphaControllerError(f"alpha target {target} outside [0, 1]")
         if steps < 0:
             raise AlphaControllerError(f"alpha ramp length must be >= 0, got {steps}")
-        alpha = self.alpha
-        self.start = alpha
-        self.target = target
-        self.curve = curve
-        self.steps_done = 0
-        if steps == 0 or target == alpha:
-            self.last_delta = target - alpha
-            self.alpha = target
-            self.steps_total = 0
-            self.mode = AlphaMode.HOLD
-            return
-        self.steps_total = steps
-        self.mode = AlphaMode.UP if target > alpha else AlphaMode.DOWN
+        retarget_alphas(self.table, self.row, self.col, target, steps, int(curve))
 
     def step(self) -> float:
         """Advance one tick; returns the change in alpha (0 while at rest)."""
@@ -129,13 +117,7 @@ class AlphaController(Cell):
 
     def force(self, value: float) -> None:
         """Set alpha and come to rest at once (stage rules such as HOLDING = 1.0)."""
-        self.last_delta = value - self.alpha
-        self.alpha = value
-        self.start = value
-        self.target = value
-        self.mode = AlphaMode.HOLD
-        self.steps_total = 0
-        self.steps_done = 0
+        force_alphas(self.table, self.row, self.col, value)
 
 
 #: Ramps up to this many ticks take their curve values from one precomputed table
@@ -156,6 +138,38 @@ _CURVE_TABLE = np.array(
     dtype=np.float64,
 )
 _HOLD = MODE_CODE[AlphaMode.HOLD]
+_UP = MODE_CODE[AlphaMode.UP]
+_DOWN = MODE_CODE[AlphaMode.DOWN]
+
+
+def force_alphas(t: SlotTable, rows: Any, cols: Any, value: Any) -> None:
+    """:meth:`AlphaController.force` at every cell ``[rows, cols]`` (any index)."""
+    t.alpha_last_delta[rows, cols] = value - t.alpha[rows, cols]
+    t.alpha[rows, cols] = value
+    t.alpha_start[rows, cols] = value
+    t.alpha_target[rows, cols] = value
+    t.alpha_mode[rows, cols] = _HOLD
+    t.alpha_steps_total[rows, cols] = 0
+    t.alpha_steps_done[rows, cols] = 0
+
+
+def retarget_alphas(
+    t: SlotTable, rows: Any, cols: Any, target: Any, steps: Any, curve: Any
+) -> None:
+    """:meth:`AlphaController.retarget` at every cell ``[rows, cols]``, without its
+    checks (the callers' stage rules guarantee them): a ramp to ``target`` over
+    ``steps`` ticks along ``curve`` (codes), or a jump where ``steps`` is 0 or alpha is
+    there already."""
+    alpha = t.alpha[rows, cols]
+    jump = (np.asarray(steps) == 0) | (target == alpha)
+    t.alpha_start[rows, cols] = alpha
+    t.alpha_target[rows, cols] = target
+    t.alpha_curve[rows, cols] = curve
+    t.alpha_steps_done[rows, cols] = 0
+    t.alpha_last_delta[rows, cols] = np.where(jump, target - alpha, t.alpha_last_delta[rows, cols])
+    t.alpha[rows, cols] = np.where(jump, target, alpha)
+    t.alpha_steps_total[rows, cols] = np.where(jump, 0, steps)
+    t.alpha_mode[rows, cols] = np.where(jump, _HOLD, np.where(target > alpha, _UP, _DOWN))
 
 
 def step_alphas(t: SlotTable, where: Any) -> None:

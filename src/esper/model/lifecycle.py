@@ -11,6 +11,8 @@ EMBARGO_EPOCHS + RESETTING_EPOCHS ticks.
 
 from __future__ import annotations
 
+from typing import Any, Final
+
 import numpy as np
 
 from esper.core.constants import EMBARGO_EPOCHS, FORWARD_STAGES, RESETTING_EPOCHS, TRANSITIONS
@@ -19,12 +21,15 @@ from esper.errors import EsperError
 from esper.model.slot_table import (
     BLEND_CODE,
     BLEND_OPS,
+    LIFECYCLE_COLUMNS,
     STAGE_CODE,
     STAGES,
     BlueprintColumn,
     Cell,
     Column,
+    SlotTable,
     bool_column,
+    code_set,
     float_column,
     int_column,
     str_column,
@@ -92,14 +97,8 @@ class SeedLifecycle(Cell):
 
     def transition(self, dst: SeedStage) -> int:
         """Move to ``dst`` (raises if illegal); returns the epochs spent in the old stage."""
-        check_transition(self.stage, dst)
-        spent = self.epochs_in_stage
-        self.stage = dst
-        self.epochs_in_stage = 0
-        if dst == SeedStage.PRUNED:
-            self.cooldown_remaining = COOLDOWN_EPOCHS
-            self.scheduled_prune = False
-        return spent
+        rows, cols = np.array([self.row]), np.array([self.col])
+        return int(transition_cells(self.table, rows, cols, STAGE_CODE[dst])[0])
 
     def germinate(
         self,
@@ -122,41 +121,108 @@ class SeedLifecycle(Cell):
         self.age_epochs = 0
         return spent
 
-    def cooldown_moves(self) -> list[tuple[SeedStage, SeedStage, int]]:
-        """The transitions the cooldown is due (after its counter moved); makes them."""
-        moves: list[tuple[SeedStage, SeedStage, int]] = []
-        wanted = cooldown_stage(self.cooldown_remaining)
-        while self.stage != wanted:
-            src = self.stage
-            dst = next(iter(TRANSITIONS[src]))  # the cooldown chain is linear
-            moves.append((src, dst, self.transition(dst)))
-        if self.stage == SeedStage.DORMANT:
-            self.reset_identity()
-        return moves
-
     def cooldown_tick(self) -> list[tuple[SeedStage, SeedStage, int]]:
         """One epoch of the post-prune cooldown; returns the transitions it made."""
         if self.stage not in COOLDOWN_STAGES:
             return []
         self.cooldown_remaining -= 1
         self.epochs_in_stage += 1
-        return self.cooldown_moves()
+        rows, cols = np.array([self.row]), np.array([self.col])
+        return [
+            (STAGES[int(src[0])], STAGES[int(dst[0])], int(spent[0]))
+            for _, src, dst, spent in cooldown_cells(self.table, rows, cols)
+        ]
 
     def reset_identity(self) -> None:
         """Forget the departed seed (the slot is free)."""
-        self.seed_id = ""
-        self.blueprint = ""
-        self.tempo = 0
-        self.planned_target = 0.0
-        self.age_epochs = 0
-        self.cooldown_remaining = 0
-        self.scheduled_prune = False
+        self.table.reset(IDENTITY_COLUMNS, self.row, self.col)
 
     def clear(self) -> None:
         """Return to DORMANT without a transition: used only when restoring a snapshot."""
         self.stage = SeedStage.DORMANT
         self.epochs_in_stage = 0
         self.reset_identity()
+
+
+def _legal_moves() -> np.ndarray:
+    legal = np.zeros((len(STAGES), len(STAGES)), dtype=bool)
+    for src, dsts in TRANSITIONS.items():
+        legal[STAGE_CODE[src], [STAGE_CODE[d] for d in dsts]] = True
+    return legal
+
+
+#: ``LEGAL[src, dst]``: whether ``src -> dst`` is in the transition table (codes).
+LEGAL: Final = _legal_moves()
+#: Which stage codes blend the seed's output in (alpha applies).
+BLENDED_CODES: Final = code_set(BLENDED_STAGES, STAGE_CODE)
+#: The alpha of a seed whose output is not blended in.
+ALPHA_OFF: Final = 0.0
+_PRUNED = STAGE_CODE[SeedStage.PRUNED]
+_DORMANT = STAGE_CODE[SeedStage.DORMANT]
+#: The departed seed's identity and counters, forgotten once its slot is free.
+IDENTITY_COLUMNS: Final = {
+    name: LIFECYCLE_COLUMNS[name]
+    for name in (
+        "seed_id", "blueprint", "blueprint_id", "tempo", "planned_target", "age_epochs",
+        "cooldown_remaining", "scheduled_prune",
+    )
+}  # fmt: skip
+#: The next stage of the post-prune chain (PRUNED -> EMBARGOED -> RESETTING -> DORMANT),
+#: by code; -1 outside it.
+COOLDOWN_NEXT: Final = np.full(len(STAGES), -1, dtype=np.int64)
+COOLDOWN_NEXT[[STAGE_CODE[s] for s in COOLDOWN_STAGES]] = [
+    STAGE_CODE[next(iter(TRANSITIONS[s]))] for s in COOLDOWN_STAGES
+]
+
+
+def effective_alphas(t: SlotTable, where: Any = ...) -> np.ndarray:
+    """Alpha where the seed's output is blended in, else 0, at cells ``where`` (any
+    index; all of them by default)."""
+    out: np.ndarray = np.where(BLENDED_CODES[t.stage[where]], t.alpha[where], ALPHA_OFF)
+    return out
+
+
+def transition_cells(t: SlotTable, rows: np.ndarray, cols: np.ndarray, dst: Any) -> np.ndarray:
+    """Move every cell ``[rows, cols]`` to stage code(s) ``dst`` (raises, changing
+    nothing, if any move is illegal); returns the epochs each spent in its old stage. A
+    move to PRUNED starts the cooldown."""
+    src = t.stage[rows, cols]
+    dst = np.broadcast_to(dst, src.shape)
+    legal = LEGAL[src, dst]
+    if not legal.all():
+        bad = int(np.argmin(legal))
+        check_transition(STAGES[src[bad]], STAGES[dst[bad]])
+    spent: np.ndarray = t.epochs_in_stage[rows, cols]
+    t.stage[rows, cols] = dst
+    t.epochs_in_stage[rows, cols] = 0
+    pruned = dst == _PRUNED
+    t.cooldown_remaining[rows[pruned], cols[pruned]] = COOLDOWN_EPOCHS
+    t.scheduled_prune[rows[pruned], cols[pruned]] = False
+    return spent
+
+
+def cooldown_cells(
+    t: SlotTable, rows: np.ndarray, cols: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The cooldown's stage changes due at cells ``[rows, cols]`` (after the tick moved
+    their counters), made: per link of the chain, ``(cells, src, dst, spent)`` with
+    ``cells`` indexing ``rows``. A cell that reaches DORMANT forgets its seed."""
+    moves = []
+    wanted = cooldown_stage_codes(t.cooldown_remaining[rows, cols])
+    at = np.arange(len(rows))
+    while True:
+        at = at[t.stage[rows[at], cols[at]] != wanted[at]]
+        if not len(at):
+            break
+        r, c = rows[at], cols[at]
+        src = t.stage[r, c]
+        dst = COOLDOWN_NEXT[src]
+        if np.any(dst < 0):
+            raise ValueError("a cooldown move was asked of a slot outside the cooldown")
+        moves.append((at, src, dst, transition_cells(t, r, c, dst)))
+    freed = t.stage[rows, cols] == _DORMANT
+    t.reset(IDENTITY_COLUMNS, rows[freed], cols[freed])
+    return moves
 
 
 def cooldown_stage(remaining: int) -> SeedStage:

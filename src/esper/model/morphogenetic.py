@@ -34,7 +34,7 @@ from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
 from esper.model.initialization import materialize_small, reinitialise
-from esper.model.lifecycle import BLENDED_STAGES
+from esper.model.lifecycle import BLENDED_CODES
 from esper.model.memory_format import IMAGE_DIMS, is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
@@ -46,13 +46,17 @@ from esper.telemetry.events import LifecycleEvent
 
 Reporter = Callable[[LifecycleEvent], None]
 
+
+def _dropped(_record: LifecycleEvent) -> None:
+    pass
+
+
 M = TypeVar("M", bound=nn.Module)
 
 #: Strides mixing (model seed, slot, germination count) into a seed module's RNG seed.
 GERMINATION_SEED_STRIDE = 1_000_033
 SLOT_SEED_STRIDE = 7_919
 _SEED_MODULUS = 2**63
-BLENDED_CODES = code_set(BLENDED_STAGES, STAGE_CODE)
 OCCUPYING_CODES = code_set(OCCUPYING, STAGE_CODE)
 #: Values per slot in :meth:`MorphogeneticModel.grad_norms`: [seed norm, host norm].
 GRAD_VALUES_PER_SLOT = 2
@@ -127,7 +131,6 @@ class MorphogeneticModel(nn.Module):
             s: sum(map(Tensor.numel, self._host_ref_params(s))) for s in self.slot_ids
         }
         self._descriptors: dict[str, HostDescriptor] = {}
-        self._reporter: Reporter | None = None
         self.set_reporter(reporter)
 
     # --- forward -----------------------------------------------------------------------
@@ -216,14 +219,10 @@ class MorphogeneticModel(nn.Module):
     # --- lifecycle -----------------------------------------------------------------------
 
     def set_reporter(self, reporter: Reporter | None) -> None:
-        """Where lifecycle records go (None: dropped)."""
-        self._reporter = reporter
+        """Where lifecycle records go (None: dropped): :attr:`report` sends one there."""
+        self.report: Reporter = _dropped if reporter is None else reporter
         for slot in self._by_col:
-            slot.emit = self._emit
-
-    def _emit(self, record: LifecycleEvent) -> None:
-        if self._reporter is not None:
-            self._reporter(record)
+            slot.emit = self.report
 
     def germinate(
         self,

@@ -16,7 +16,7 @@ import numpy as np
 from esper.core.enums import AlphaCurve
 from esper.core.records import SlotReport
 from esper.model.alpha import ALPHA_MIN
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
+from esper.model.lifecycle import BLENDED_CODES, LIVE_STAGES
 from esper.model.slot_table import (
     BLEND_OPS,
     MODES,
@@ -27,7 +27,6 @@ from esper.model.slot_table import (
     code_set,
 )
 
-BLENDED_CODES = code_set(BLENDED_STAGES, STAGE_CODE)
 LIVE_CODES = code_set(LIVE_STAGES, STAGE_CODE)
 
 

@@ -6,6 +6,10 @@ metrics, which events it reports) is bookkeeping over a
 :class:`~esper.model.slot_table.SlotTable` cell and needs no torch. ``SeedSlot`` adds
 the seed module, its blend gate and the forward pass; the telemetry demo drives this
 class directly, so its synthetic lifecycles follow the same code as a training run.
+The stage moves (ADVANCE's gates, a move's effects on alpha and the metrics, the
+cooldown) are table operations over any number of cells
+(:mod:`esper.model.stage_moves`), which a step runs over every env at once; the methods
+here run them on this slot's one cell.
 
 Each stage change and gate check is reported through ``emit`` (injected by the owner)
 as the event itself; the recorder (or the demo) adds the round, env and step.
@@ -13,26 +17,33 @@ as the event itself; the recorder (or the demo) adds the round, env and step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
+import numpy as np
 
-from esper.core.constants import G2_MIN_TRAINING_EPOCHS, STYLE_BLEND, STYLE_CURVE
+from esper.core.constants import G2_MIN_TRAINING_EPOCHS, STYLE_BLEND
 from esper.core.enums import AlphaCurve, GerminationStyle, Initiator, PruneReason, SeedStage
 from esper.core.records import SlotReport
 from esper.model import gates
-from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, AlphaController
+from esper.model.alpha import ALPHA_MIN, AlphaController
 from esper.model.lifecycle import BLENDED_STAGES, SeedLifecycle
 from esper.model.metrics import SeedMetrics
 from esper.model.reports import slot_report
-from esper.model.slot_table import COLUMNS, INITIATOR_CODE, INITIATORS, SlotTable
+from esper.model.slot_table import COLUMNS, INITIATOR_CODE, INITIATORS, STAGE_CODE, SlotTable
+from esper.model.stage_moves import (
+    advance_cells,
+    finish_cooldowns,
+    move_cells,
+    set_alpha_targets,
+    stage_records,
+)
 from esper.telemetry.events import (
     GateEvaluated,
     LifecycleEvent,
     SeedFossilized,
     SeedGerminated,
     SeedPruned,
-    SeedStageChanged,
 )
 
 Emit = Callable[[LifecycleEvent], None]
@@ -125,6 +136,7 @@ class SlotState:
     ) -> None:
         """DORMANT -> GERMINATED (G0 already passed; the seed has ``n_params``)."""
         blend_op = STYLE_BLEND[style]
+        src = np.array([STAGE_CODE[self.life.stage]])
         spent = self.life.germinate(
             seed_id=seed_id,
             blueprint=blueprint,
@@ -136,7 +148,8 @@ class SlotState:
         self.n_params = n_params
         self.alpha.reset()
         self.metrics.start(current_acc)
-        self._emit_stage(SeedStage.DORMANT, spent, initiator)
+        moved = stage_records(*self._cell(), [self.slot_id], src, np.array([spent]), initiator)
+        self._emit_all(moved)
         self.emit(
             SeedGerminated(
                 slot=self.slot_id,
@@ -153,37 +166,30 @@ class SlotState:
 
     def advance(self, initiator: Initiator) -> bool:
         """GERMINATED->TRAINING (G1), TRAINING->BLENDING (G2), BLENDING->HOLDING (G3)."""
-        stage = self.life.stage
-        if stage == SeedStage.GERMINATED:
-            result = gates.gate_g1(self.life, strict=self.strict)
-        elif stage == SeedStage.TRAINING:
-            result = gates.gate_g2(
-                self.life, self.metrics, strict=self.strict, min_epochs=self.g2_min_epochs
-            )
-        elif stage == SeedStage.BLENDING:
-            result = gates.gate_g3(self.life, self.alpha, strict=self.strict)
-        else:
-            return False
-        self.emit_gate(result)
-        if result.passed:
-            self._move(SeedStage(result.target_stage), initiator)
-        return result.passed
+        passed, records = advance_cells(
+            *self._cell(),
+            [self.slot_id],
+            initiator,
+            strict=np.array([self.strict]),
+            min_epochs=self.g2_min_epochs,
+        )
+        self._emit_all(records[0])
+        return bool(passed[0])
 
     def set_alpha_target(
         self, target: float, speed: int, curve: AlphaCurve, initiator: Initiator
     ) -> bool:
         """Retarget a BLENDING/HOLDING seed at rest (HOLDING goes back to BLENDING)."""
-        if not ALPHA_MIN <= target <= ALPHA_MAX or speed < 0:
-            raise ValueError(f"alpha target {target} / speed {speed} out of range")
-        life = self.life
-        if life.stage not in (SeedStage.BLENDING, SeedStage.HOLDING) or life.scheduled_prune:
-            return False
-        if not self.alpha.at_rest or target == self.alpha.alpha:
-            return False
-        if life.stage == SeedStage.HOLDING:
-            self._move(SeedStage.BLENDING, initiator)
-        self.alpha.retarget(target, speed, curve)
-        return True
+        done, records = set_alpha_targets(
+            *self._cell(),
+            [self.slot_id],
+            initiator,
+            target=np.array([target], dtype=np.float64),
+            speed=np.array([speed]),
+            curve=np.array([int(curve)]),
+        )
+        self._emit_all(records[0])
+        return bool(done[0])
 
     def prune(
         self, *, speed: int, curve: AlphaCurve, reason: PruneReason, initiator: Initiator
@@ -237,10 +243,7 @@ class SlotState:
     def finish_cooldown(self) -> None:
         """The cooldown stage changes its counter is due (after the vectorised tick moved
         it; :func:`esper.model.ticks.tick_slots`), reported one by one."""
-        life = self.life
-        seed_id, blueprint = life.seed_id, life.blueprint  # forgotten once DORMANT
-        for src, dst, spent in life.cooldown_moves():
-            self._emit_stage(src, spent, Initiator.SYSTEM, dst, seed_id, blueprint)
+        self._emit_all(finish_cooldowns(*self._cell(), [self.slot_id])[0])
 
     def complete_scheduled_prune(self) -> None:
         """A scheduled prune's ramp came to rest at alpha 0: prune now."""
@@ -268,16 +271,20 @@ class SlotState:
 
     # --- internals -------------------------------------------------------------------
 
+    def _cell(self) -> tuple[SlotTable, np.ndarray, np.ndarray]:
+        """This slot's table cell, as the table operations take cells."""
+        life = self.life
+        return life.table, np.array([life.row]), np.array([life.col])
+
+    def _emit_all(self, records: Iterable[LifecycleEvent]) -> None:
+        for record in records:
+            self.emit(record)
+
     def _move(self, dst: SeedStage, initiator: Initiator) -> None:
-        src = self.life.stage
-        spent = self.life.transition(dst)
-        self.metrics.on_stage_start()
-        if dst == SeedStage.BLENDING and src == SeedStage.TRAINING:
-            curve = STYLE_CURVE[self.life.style]
-            self.alpha.retarget(self.life.planned_target, self.life.tempo, curve)
-        elif dst == SeedStage.HOLDING:
-            self.alpha.force(ALPHA_MAX)
-        self._emit_stage(src, spent, initiator)
+        t, rows, cols = self._cell()
+        src = t.stage[rows, cols]
+        spent = move_cells(t, rows, cols, STAGE_CODE[dst])
+        self._emit_all(stage_records(t, rows, cols, [self.slot_id], src, spent, initiator))
 
     def _prune_now(self, reason: PruneReason, initiator: Initiator, *, scheduled: bool) -> None:
         life = self.life
@@ -297,28 +304,6 @@ class SlotState:
                 stage_at_prune=stage_at_prune.value,
                 contribution=self.metrics.contribution,
                 scheduled=scheduled,
-            )
-        )
-
-    def _emit_stage(
-        self,
-        src: SeedStage,
-        spent: int,
-        initiator: Initiator,
-        dst: SeedStage | None = None,
-        seed_id: str | None = None,
-        blueprint: str | None = None,
-    ) -> None:
-        self.emit(
-            SeedStageChanged(
-                slot=self.slot_id,
-                seed_id=self.life.seed_id if seed_id is None else seed_id,
-                blueprint=self.life.blueprint if blueprint is None else blueprint,
-                from_stage=src.value,
-                to_stage=(self.life.stage if dst is None else dst).value,
-                epochs_in_prev_stage=spent,
-                alpha=self.effective_alpha,
-                initiator=initiator.value,
             )
         )
 

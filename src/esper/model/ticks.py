@@ -2,9 +2,10 @@
 
 Every slot ages, its alpha ramp moves, its measurements age and a pruned slot's
 cooldown counts down: array updates over a :class:`~esper.model.slot_table.SlotTable`'s
-rows. What changes a stage (a cooldown step, a scheduled prune coming to rest, an
-auto-advance gate) is rare and must be reported, so it runs per cell through the slot
-objects, in (env, slot) order, on the cells that need it only.
+rows. What changes a stage is reported: the cooldown's steps are table
+operations over all cells at once (:mod:`esper.model.stage_moves`); a scheduled prune
+coming to rest (it drops the seed's modules) and an auto-advance run per cell through
+the slot objects; the records of all of them are reported in (env, slot) order.
 
 A model's own :meth:`~esper.model.morphogenetic.MorphogeneticModel.tick` is this
 function on its one row; the trainer calls it once for every env of a round.
@@ -22,6 +23,7 @@ from esper.core.enums import AlphaMode, Initiator, SeedStage
 from esper.model.alpha import ALPHA_MAX, step_alphas
 from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_STAGES, cooldown_stage_codes
 from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, code_set
+from esper.model.stage_moves import finish_cooldowns
 
 if TYPE_CHECKING:
     from esper.model.slot_state import SlotState
@@ -82,15 +84,21 @@ def tick_slots(
     t.epochs_since_contribution[rows] = np.where(live & (since >= 0), since + 1, since)
     r, c = np.nonzero(live)
     step_alphas(t, (rows[r], c))
-    # Stage changes, cell by cell in (env, slot) order.
+    # Stage changes: the cooldown's over all cells at once, then each cell's records
+    # reported in (env, slot) order, a scheduled prune or an auto-advance made there.
     moves = cool & (cooldown_stage_codes(t.cooldown_remaining[rows]) != stage)
     pruning = live & t.scheduled_prune[rows] & (t.alpha_mode[rows] == _HOLD)
     advancing = live & ~pruning & advance_due(t, rows) if auto_advance else np.zeros_like(live)
-    for i, j in zip(*np.nonzero(moves | pruning | advancing), strict=True):
-        slot = slot_of(int(rows[i]), int(j))
-        if moves[i, j]:
-            slot.finish_cooldown()
-        elif pruning[i, j]:
+    i, j = np.nonzero(moves | pruning | advancing)
+    slots = [slot_of(row, col) for row, col in zip(rows[i].tolist(), j.tolist(), strict=True)]
+    cooling = moves[i, j]
+    ids = [s.slot_id for s, c in zip(slots, cooling.tolist(), strict=True) if c]
+    cooled = iter(finish_cooldowns(t, rows[i[cooling]], j[cooling], ids))
+    for slot, cools, prunes in zip(slots, cooling.tolist(), pruning[i, j].tolist(), strict=True):
+        if cools:
+            for record in next(cooled):
+                slot.emit(record)
+        elif prunes:
             slot.complete_scheduled_prune()
         else:
             slot.advance(Initiator.SYSTEM)

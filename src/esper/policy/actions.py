@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import msgspec
+import numpy as np
 
 from esper.core.constants import (
     ALL_BLUEPRINTS,
@@ -52,6 +53,25 @@ TOPOLOGY_BLUEPRINTS: Final[dict[Topology, tuple[str, ...]]] = {
     Topology.CNN: CNN_BLUEPRINTS,
     Topology.TRANSFORMER: TRANSFORMER_BLUEPRINTS,
 }
+
+
+#: The values the value-indexing heads choose from, as arrays (for a column of envs).
+HEAD_VALUES: Final[dict[str, np.ndarray]] = {
+    "tempo": np.array(TEMPOS),
+    "alpha_target": np.array(ALPHA_TARGETS),
+    "alpha_speed": np.array(ALPHA_SPEEDS),
+}
+
+
+def head_column(heads: np.ndarray, name: str, *, n_slots: int = 0) -> np.ndarray:
+    """Head ``name``'s indices in ``heads`` (one row of head indices per env), range
+    checked as :func:`decode_action` checks one env's (``n_slots``: the slot head's
+    size, the host's)."""
+    column: np.ndarray = heads[:, HEAD_INDEX[name]]
+    size = n_slots if name == "slot" else HEAD_SIZES[name]
+    if not np.all((column >= 0) & (column < size)):
+        raise ValueError(f"head {name!r} index out of range [0, {size}): {column.tolist()}")
+    return column
 
 
 def head_sizes(n_slots: int) -> dict[str, int]:

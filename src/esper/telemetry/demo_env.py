@@ -48,7 +48,7 @@ from esper.core.enums import (
     Topology,
 )
 from esper.model.gates import gate_g0
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
+from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.reports import report_columns
 from esper.model.slot_state import SlotState
@@ -105,7 +105,6 @@ CONTRIBUTION_NOISE: Final = 0.2
 
 
 _IS_LIVE: Final = code_set(LIVE_STAGES, STAGE_CODE)
-_IS_BLENDED: Final = code_set(BLENDED_STAGES, STAGE_CODE)
 #: The seeds whose gradients the trainer measures (as training/envs/host_envs.py does).
 _TRAINS: Final = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
 #: Stage sets as codes, for one env's few cells.
@@ -149,7 +148,7 @@ class DemoRound:
         """The epoch's synthetic counterfactual contributions ``[N, S]`` (NaN: alpha 0)
         and gradient norms, recorded into the table for the cells the trainer records."""
         t, r = self.table, self.rng
-        alpha = np.where(_IS_BLENDED[t.stage], t.alpha, 0.0)  # the effective alpha
+        alpha = effective_alphas(t)
         rows, cols = np.nonzero((alpha > 0.0) & _IS_LIVE[t.stage])
         effect = [
             self.envs[i].quality[j] for i, j in zip(rows.tolist(), cols.tolist(), strict=True)

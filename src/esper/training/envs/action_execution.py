@@ -1,15 +1,33 @@
-"""Execute one decoded action on one env and report what happened.
+"""Execute the envs' actions and report what happened.
 
-The single entry point :func:`execute_action` runs for the envs whose action is not
-WAIT (the rest need nothing) and says whether the op took effect; the lifecycle records
-the model reports land in the round's table (:meth:`EnvTable.reporter`) and are turned
-into events by the recorder.
+:func:`execute_actions` runs the step's actions of every env whose action is not WAIT
+(the rest need nothing) and says which took effect. ADVANCE changes no module, so the
+envs that advance do so in one table operation over all of them
+(:func:`~esper.model.stage_moves.advance_cells`), and so do the envs that set an
+alpha target; every other op runs per env through :func:`execute_action`, since it
+builds, drops or freezes a seed's modules. The
+lifecycle records land, in env order, in the round's table (:meth:`EnvTable.reporter`)
+and are turned into events by the recorder.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
+from esper.core.constants import G2_MIN_TRAINING_EPOCHS
 from esper.core.enums import Initiator, LifecycleOp, PruneReason
-from esper.policy.actions import DecodedAction
+from esper.model.slot_table import SlotTable
+from esper.model.stage_moves import advance_cells, set_alpha_targets
+from esper.policy.actions import (
+    HEAD_VALUES,
+    ActionSpace,
+    DecodedAction,
+    decode_action,
+    head_column,
+)
+from esper.telemetry.events import LifecycleEvent
 from esper.training.envs.env_state import EnvState, make_seed_optimizer
 
 
@@ -73,3 +91,70 @@ def execute_action(
     if executed and action.op == LifecycleOp.FOSSILIZE:
         env.governor.maybe_snapshot(step, env.model, force=True)
     return executed
+
+
+def execute_actions(
+    envs: Sequence[EnvState],
+    slots: SlotTable,
+    heads: np.ndarray,
+    space: ActionSpace,
+    *,
+    step: int,
+    initiator: Initiator,
+) -> np.ndarray:
+    """Every env's action (``heads[i]``: env i's head indices; ``slots``: the round's
+    slot table, column j the space's slot j); returns whether each took effect (WAIT
+    always does)."""
+    op = heads[:, 0]
+    executed = np.ones(len(envs), dtype=bool)
+    acting = np.nonzero(op != LifecycleOp.WAIT)[0]
+    made: dict[int, list[LifecycleEvent]] = {}
+    for kind in TABLE_OPS:
+        rows = acting[op[acting] == kind]
+        if len(rows):
+            made.update(_table_op(kind, envs, slots, rows, heads, space, initiator, executed))
+    for i, indices in zip(acting.tolist(), heads[acting].tolist(), strict=True):
+        records = made.get(i)
+        if records is None:
+            action = decode_action(indices, space)
+            executed[i] = execute_action(envs[i], action, step=step, initiator=initiator)
+            continue
+        report = envs[i].model.report
+        for record in records:
+            report(record)
+    return executed
+
+
+def _table_op(
+    kind: LifecycleOp,
+    envs: Sequence[EnvState],
+    slots: SlotTable,
+    rows: np.ndarray,
+    heads: np.ndarray,
+    space: ActionSpace,
+    initiator: Initiator,
+    executed: np.ndarray,
+) -> dict[int, list[LifecycleEvent]]:
+    """Op ``kind`` (one of :data:`TABLE_OPS`) of envs ``rows`` at once: ``executed``
+    filled in for them; returns each env's records."""
+    h = heads[rows]
+    cols = head_column(h, "slot", n_slots=space.n_slots)
+    ids = [space.slot_ids[c] for c in cols.tolist()]
+    if kind == LifecycleOp.ADVANCE:
+        strict = np.array([envs[i].model.strict_gates for i in rows.tolist()], dtype=bool)
+        ok, by_env = advance_cells(
+            slots, rows, cols, ids, initiator, strict=strict, min_epochs=G2_MIN_TRAINING_EPOCHS
+        )
+    else:
+        target, speed = (HEAD_VALUES[n][head_column(h, n)] for n in ("alpha_target", "alpha_speed"))
+        curve = head_column(h, "alpha_curve")
+        ok, by_env = set_alpha_targets(
+            slots, rows, cols, ids, initiator, target=target, speed=speed, curve=curve
+        )
+    executed[rows] = ok
+    return dict(zip(rows.tolist(), by_env, strict=True))
+
+
+#: The ops that change no module: run as table operations over all the envs choosing
+#: them (:mod:`esper.model.stage_moves`), their records reported in env order.
+TABLE_OPS = (LifecycleOp.ADVANCE, LifecycleOp.SET_ALPHA_TARGET)

@@ -28,17 +28,17 @@ import torch
 
 from esper.config import Config
 from esper.core.constants import FORWARD_STAGES, OCCUPYING
-from esper.core.enums import Initiator, LifecycleOp, SeedStage
+from esper.core.enums import Initiator, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
-from esper.model.lifecycle import BLENDED_STAGES
+from esper.model.lifecycle import BLENDED_STAGES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.slot_table import STAGE_CODE, code_set
 from esper.model.ticks import LIVE_CODES, tick_slots
-from esper.policy.actions import ActionSpace, decode_action
+from esper.policy.actions import ActionSpace
 from esper.policy.features import build_features, host_features
 from esper.policy.masks import compute_masks
-from esper.training.envs.action_execution import execute_action, sync_seed_optimizers
+from esper.training.envs.action_execution import execute_actions, sync_seed_optimizers
 from esper.training.envs.counterfactual import Ablations, ablations, attribute, unavailable_reasons
 from esper.training.envs.env_factory import EnvFactory
 from esper.training.envs.env_results import (
@@ -56,7 +56,6 @@ from esper.training.envs.rewards import compute_rewards
 from esper.training.envs.step_rewards import (
     SLOT_OPS,
     Target,
-    effective_alphas,
     param_columns,
     reward_columns,
 )
@@ -237,13 +236,9 @@ class HostEnvs:
         t.step = step
         op = heads[:, 0]
         target = Target.of(t.slots, np.where(SLOT_OPS[op], heads[:, 1], -1))
-        executed = np.ones(t.n, dtype=bool)
-        acting = np.nonzero(op != LifecycleOp.WAIT)[0]
-        for i, indices in zip(acting.tolist(), heads[acting].tolist(), strict=True):
-            action = decode_action(indices, self.space)
-            executed[i] = execute_action(
-                self.states[i], action, step=step, initiator=self.initiator
-            )
+        executed = execute_actions(
+            self.states, t.slots, heads, self.space, step=step, initiator=self.initiator
+        )
         for i in sorted(t.changed):
             sync_seed_optimizers(self.states[i])
         t.changed.clear()

@@ -15,12 +15,11 @@ import numpy as np
 
 from esper.core.constants import FORWARD_STAGES, OCCUPYING, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, ParamCostBasis
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES
+from esper.model.lifecycle import LIVE_STAGES, effective_alphas
 from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
 from esper.training.envs.env_table import EnvTable
 from esper.training.envs.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
 
-_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 _LIVE = code_set(LIVE_STAGES, STAGE_CODE)
 _OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
 _FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
@@ -34,12 +33,6 @@ class ParamColumns:
     host: np.ndarray
     seeds: np.ndarray
     effective: np.ndarray
-
-
-def effective_alphas(t: SlotTable) -> np.ndarray:
-    """Every slot's alpha where its seed is blended in, else 0 ([N, S])."""
-    out: np.ndarray = np.where(_BLENDED[t.stage], t.alpha, 0.0)
-    return out
 
 
 def param_columns(table: EnvTable) -> ParamColumns:
