@@ -17,6 +17,7 @@ from esper.model.stage_moves import (
     CellRecords,
     advance_cells,
     finish_cooldowns,
+    germinate_cells,
     set_alpha_targets,
 )
 from esper.telemetry.events import GateEvaluated, SeedStageChanged
@@ -153,6 +154,37 @@ def test_advance_records_follow_each_cell_gate_then_move() -> None:
         SeedStage.TRAINING.value, SeedStage.BLENDING.value, 1.0, Initiator.SYSTEM.value
     )  # fmt: skip
     assert move.epochs_in_prev_stage == MIN_EPOCHS and t.epochs_in_stage[0].tolist() == [0, 0]
+
+
+def test_germination_over_many_cells_is_each_cell_alone() -> None:
+    rng = np.random.default_rng(4)
+    many = SlotTable(N_ENVS, N_SLOTS)
+    many.contribution[:], many.alpha[:] = 3.0, 0.4  # a departed seed's leftovers
+    alone = copy.deepcopy(many)
+    rows, cols = _cells()
+    n = len(rows)
+    values = {
+        "seed_ids": [f"s{k}" for k in range(n)],
+        "blueprints": rng.choice(["norm", "conv_small"], n).tolist(),
+        "style": rng.choice([int(s) for s in STYLE_CURVE], n),
+        "tempo": rng.choice([3, 5, 8], n),
+        "planned_target": rng.choice([0.5, 1.0], n),
+        "n_params": rng.integers(10, 1000, n),
+        "acc": rng.uniform(10, 90, n),
+    }
+    spent = germinate_cells(many, rows, cols, **values)
+    for k in range(n):
+        one = slice(k, k + 1)
+        alone_spent = germinate_cells(
+            alone, rows[one], cols[one], **{name: v[one] for name, v in values.items()}
+        )
+        assert alone_spent.tolist() == spent[one].tolist()
+    _same_tables(many, alone)
+    assert (many.stage == STAGE_CODE[SeedStage.GERMINATED]).all()
+    assert (many.alpha == 0.0).all() and np.isnan(many.contribution).all()
+    np.testing.assert_array_equal(many.acc_at_stage_start[rows, cols], values["acc"])
+    with pytest.raises(IllegalTransitionError):  # the cells are no longer empty
+        germinate_cells(many, rows[:1], cols[:1], **{k: v[:1] for k, v in values.items()})
 
 
 def _cooling_table() -> SlotTable:

@@ -100,27 +100,6 @@ class SeedLifecycle(Cell):
         rows, cols = np.array([self.row]), np.array([self.col])
         return int(transition_cells(self.table, rows, cols, STAGE_CODE[dst])[0])
 
-    def germinate(
-        self,
-        *,
-        seed_id: str,
-        blueprint: str,
-        style: GerminationStyle,
-        blend_op: BlendOp,
-        tempo: int,
-        planned_target: float,
-    ) -> int:
-        """DORMANT -> GERMINATED with a fresh identity and zeroed counters."""
-        spent = self.transition(SeedStage.GERMINATED)
-        self.seed_id = seed_id
-        self.blueprint = blueprint
-        self.style = style
-        self.blend_op = blend_op
-        self.tempo = tempo
-        self.planned_target = planned_target
-        self.age_epochs = 0
-        return spent
-
     def cooldown_tick(self) -> list[tuple[SeedStage, SeedStage, int]]:
         """One epoch of the post-prune cooldown; returns the transitions it made."""
         if self.stage not in COOLDOWN_STAGES:

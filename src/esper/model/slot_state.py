@@ -34,6 +34,7 @@ from esper.model.slot_table import COLUMNS, INITIATOR_CODE, INITIATORS, STAGE_CO
 from esper.model.stage_moves import (
     advance_cells,
     finish_cooldowns,
+    germinate_cells,
     move_cells,
     set_alpha_targets,
     stage_records,
@@ -93,7 +94,7 @@ class SlotState:
 
     def _attach(self, table: SlotTable, row: int, col: int) -> None:
         for view in (self.life, self.alpha, self.metrics):
-            view.bind(table, row, col)
+            view.table, view.row, view.col = table, row, col
 
     @property
     def n_params(self) -> int:
@@ -136,20 +137,21 @@ class SlotState:
     ) -> None:
         """DORMANT -> GERMINATED (G0 already passed; the seed has ``n_params``)."""
         blend_op = STYLE_BLEND[style]
-        src = np.array([STAGE_CODE[self.life.stage]])
-        spent = self.life.germinate(
-            seed_id=seed_id,
-            blueprint=blueprint,
-            style=style,
-            blend_op=blend_op,
-            tempo=tempo,
-            planned_target=alpha_target,
+        t, rows, cols = self._cell()
+        src = t.stage[rows, cols]
+        spent = germinate_cells(
+            t,
+            rows,
+            cols,
+            seed_ids=[seed_id],
+            blueprints=[blueprint],
+            style=np.array([int(style)]),
+            tempo=np.array([tempo]),
+            planned_target=np.array([alpha_target], dtype=np.float64),
+            n_params=np.array([n_params]),
+            acc=np.array([current_acc], dtype=np.float64),
         )
-        self.n_params = n_params
-        self.alpha.reset()
-        self.metrics.start(current_acc)
-        moved = stage_records(*self._cell(), [self.slot_id], src, np.array([spent]), initiator)
-        self._emit_all(moved)
+        self._emit_all(stage_records(t, rows, cols, [self.slot_id], src, spent, initiator))
         self.emit(
             SeedGerminated(
                 slot=self.slot_id,

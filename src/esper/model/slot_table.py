@@ -229,7 +229,8 @@ class Cell:
     """A view of one (env, slot) cell of a :class:`SlotTable`.
 
     ``Cell(table, row, col)`` views an existing cell; ``Cell(**values)`` (no table) owns
-    a fresh 1 x 1 table, then sets ``values`` through the view's own attributes.
+    a fresh 1 x 1 table, then sets ``values`` through the view's own attributes. Setting
+    ``table``, ``row`` and ``col`` makes it view another cell.
     """
 
     __slots__ = ("col", "row", "table")
@@ -244,7 +245,3 @@ class Cell:
             if not hasattr(type(self), name):
                 raise TypeError(f"{type(self).__name__} has no field {name!r}")
             setattr(self, name, value)
-
-    def bind(self, table: SlotTable, row: int, col: int) -> None:
-        """View another cell (the state there is the view's state from now on)."""
-        self.table, self.row, self.col = table, row, col

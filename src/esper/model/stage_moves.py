@@ -17,12 +17,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from esper.core.constants import STYLE_CURVE
-from esper.core.enums import AlphaMode, Initiator, SeedStage
+from esper.core.constants import STYLE_BLEND, STYLE_CURVE
+from esper.core.enums import AlphaCurve, AlphaMode, Initiator, SeedStage
 from esper.model import gates
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, force_alphas, retarget_alphas
 from esper.model.lifecycle import cooldown_cells, effective_alphas, transition_cells
-from esper.model.slot_table import MODE_CODE, STAGE_CODE, STAGES, SlotTable, code_set
+from esper.model.slot_table import (
+    BLEND_CODE,
+    METRICS_COLUMNS,
+    MODE_CODE,
+    STAGE_CODE,
+    STAGES,
+    SlotTable,
+    blueprint_id,
+    code_set,
+)
 from esper.telemetry.events import LifecycleEvent, SeedStageChanged
 
 #: Per cell, its records in the order it made them.
@@ -34,9 +43,12 @@ _HOLDING = STAGE_CODE[SeedStage.HOLDING]
 _HOLD = MODE_CODE[AlphaMode.HOLD]
 #: The stages whose alpha target can be set (the blend, or back into it).
 _RETARGETABLE = code_set({SeedStage.BLENDING, SeedStage.HOLDING}, STAGE_CODE)
-#: The alpha curve of each germination style, by the style's code.
+_GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
+#: The alpha curve and blend operator of each germination style, by the style's code.
 _STYLE_CURVE = np.zeros(max(map(int, STYLE_CURVE)) + 1, dtype=np.int64)
 _STYLE_CURVE[[int(s) for s in STYLE_CURVE]] = [int(c) for c in STYLE_CURVE.values()]
+_STYLE_BLEND = np.zeros(max(map(int, STYLE_BLEND)) + 1, dtype=np.int64)
+_STYLE_BLEND[[int(s) for s in STYLE_BLEND]] = [BLEND_CODE[b] for b in STYLE_BLEND.values()]
 
 
 def move_cells(t: SlotTable, rows: np.ndarray, cols: np.ndarray, dst: int) -> np.ndarray:
@@ -90,6 +102,42 @@ def stage_records(
             strict=True,
         )
     ]
+
+
+def germinate_cells(
+    t: SlotTable,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    *,
+    seed_ids: Sequence[str],
+    blueprints: Sequence[str],
+    style: np.ndarray,
+    tempo: np.ndarray,
+    planned_target: np.ndarray,
+    n_params: np.ndarray,
+    acc: np.ndarray,
+) -> np.ndarray:
+    """The table side of germinating at every cell (DORMANT -> GERMINATED; G0 passed,
+    the seed's modules built by the caller): a new identity, alpha at rest at 0, nothing
+    measured but the accuracy ``acc`` at germination. Returns the epochs each cell spent
+    DORMANT."""
+    spent = transition_cells(t, rows, cols, _GERMINATED)
+    t.seed_id[rows, cols] = seed_ids
+    t.blueprint[rows, cols] = blueprints
+    t.blueprint_id[rows, cols] = [blueprint_id(b) for b in blueprints]
+    t.style[rows, cols] = style
+    t.blend_op[rows, cols] = _STYLE_BLEND[style]
+    t.tempo[rows, cols] = tempo
+    t.planned_target[rows, cols] = planned_target
+    t.age_epochs[rows, cols] = 0
+    t.n_params[rows, cols] = n_params
+    force_alphas(t, rows, cols, ALPHA_MIN)
+    t.alpha_curve[rows, cols] = int(AlphaCurve.LINEAR)
+    t.alpha_last_delta[rows, cols] = 0.0
+    t.reset(METRICS_COLUMNS, rows, cols)
+    for column in (t.acc_at_germination, t.acc_at_stage_start, t.last_acc):
+        column[rows, cols] = acc
+    return spent
 
 
 def advance_cells(
