@@ -18,6 +18,7 @@ import numpy as np
 from esper.core.constants import EMBARGO_EPOCHS, FORWARD_STAGES, RESETTING_EPOCHS, TRANSITIONS
 from esper.core.enums import BlendOp, GerminationStyle, SeedStage
 from esper.errors import EsperError
+from esper.model.alpha import ALPHA_MIN
 from esper.model.slot_table import (
     BLEND_CODE,
     BLEND_OPS,
@@ -134,8 +135,6 @@ def _legal_moves() -> np.ndarray:
 LEGAL: Final = _legal_moves()
 #: Which stage codes blend the seed's output in (alpha applies).
 BLENDED_CODES: Final = code_set(BLENDED_STAGES, STAGE_CODE)
-#: The alpha of a seed whose output is not blended in.
-ALPHA_OFF: Final = 0.0
 _PRUNED = STAGE_CODE[SeedStage.PRUNED]
 _DORMANT = STAGE_CODE[SeedStage.DORMANT]
 #: The departed seed's identity and counters, forgotten once its slot is free.
@@ -157,7 +156,7 @@ COOLDOWN_NEXT[[STAGE_CODE[s] for s in COOLDOWN_STAGES]] = [
 def effective_alphas(t: SlotTable, where: Any = ...) -> np.ndarray:
     """Alpha where the seed's output is blended in, else 0, at cells ``where`` (any
     index; all of them by default)."""
-    out: np.ndarray = np.where(BLENDED_CODES[t.stage[where]], t.alpha[where], ALPHA_OFF)
+    out: np.ndarray = np.where(BLENDED_CODES[t.stage[where]], t.alpha[where], ALPHA_MIN)
     return out
 
 
