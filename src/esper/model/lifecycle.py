@@ -98,8 +98,7 @@ class SeedLifecycle(Cell):
 
     def transition(self, dst: SeedStage) -> int:
         """Move to ``dst`` (raises if illegal); returns the epochs spent in the old stage."""
-        rows, cols = np.array([self.row]), np.array([self.col])
-        return int(transition_cells(self.table, rows, cols, STAGE_CODE[dst])[0])
+        return int(transition_cells(self.table, *self.cells(), STAGE_CODE[dst])[0])
 
     def cooldown_tick(self) -> list[tuple[SeedStage, SeedStage, int]]:
         """One epoch of the post-prune cooldown; returns the transitions it made."""
@@ -107,10 +106,9 @@ class SeedLifecycle(Cell):
             return []
         self.cooldown_remaining -= 1
         self.epochs_in_stage += 1
-        rows, cols = np.array([self.row]), np.array([self.col])
         return [
             (STAGES[int(src[0])], STAGES[int(dst[0])], int(spent[0]))
-            for _, src, dst, spent in cooldown_cells(self.table, rows, cols)
+            for _, src, dst, spent in cooldown_cells(self.table, *self.cells())
         ]
 
     def reset_identity(self) -> None:
@@ -135,6 +133,8 @@ def _legal_moves() -> np.ndarray:
 LEGAL: Final = _legal_moves()
 #: Which stage codes blend the seed's output in (alpha applies).
 BLENDED_CODES: Final = code_set(BLENDED_STAGES, STAGE_CODE)
+#: Which stage codes have a seed module in the slot.
+LIVE_CODES: Final = code_set(LIVE_STAGES, STAGE_CODE)
 _PRUNED = STAGE_CODE[SeedStage.PRUNED]
 _DORMANT = STAGE_CODE[SeedStage.DORMANT]
 #: The departed seed's identity and counters, forgotten once its slot is free.

@@ -34,14 +34,14 @@ from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
 from esper.model.initialization import materialize_small, reinitialise
-from esper.model.lifecycle import BLENDED_CODES
+from esper.model.lifecycle import LIVE_CODES, effective_alphas
 from esper.model.memory_format import IMAGE_DIMS, is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
 from esper.model.seed_pool import GATE, SeedPool
 from esper.model.slot import SeedSlot
 from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
-from esper.model.ticks import LIVE_CODES, tick_slots
+from esper.model.ticks import tick_slots
 from esper.telemetry.events import LifecycleEvent
 
 Reporter = Callable[[LifecycleEvent], None]
@@ -212,9 +212,8 @@ class MorphogeneticModel(nn.Module):
 
     def alpha_values(self) -> list[float]:
         """:meth:`current_alphas` as host floats (no tensor: batched passes pack them)."""
-        t, row = self.table, self.row
-        blended = BLENDED_CODES[t.stage[row]]
-        return [float(a) for a in np.where(blended, t.alpha[row], ALPHA_MIN)]
+        values: list[float] = effective_alphas(self.table, self.row).tolist()
+        return values
 
     # --- lifecycle -----------------------------------------------------------------------
 

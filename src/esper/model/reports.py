@@ -16,7 +16,7 @@ import numpy as np
 from esper.core.enums import AlphaCurve
 from esper.core.records import SlotReport
 from esper.model.alpha import ALPHA_MIN
-from esper.model.lifecycle import BLENDED_CODES, LIVE_STAGES
+from esper.model.lifecycle import BLENDED_CODES, LIVE_CODES
 from esper.model.slot_table import (
     BLEND_OPS,
     MODES,
@@ -24,10 +24,7 @@ from esper.model.slot_table import (
     STAGES,
     SlotTable,
     blueprint_id,
-    code_set,
 )
-
-LIVE_CODES = code_set(LIVE_STAGES, STAGE_CODE)
 
 
 def report_columns(t: SlotTable, where: Any = slice(None)) -> dict[str, np.ndarray]:

@@ -275,8 +275,7 @@ class SlotState:
 
     def _cell(self) -> tuple[SlotTable, np.ndarray, np.ndarray]:
         """This slot's table cell, as the table operations take cells."""
-        life = self.life
-        return life.table, np.array([life.row]), np.array([life.col])
+        return (self.life.table, *self.life.cells())
 
     def _emit_all(self, records: Iterable[LifecycleEvent]) -> None:
         for record in records:

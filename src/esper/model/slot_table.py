@@ -245,3 +245,7 @@ class Cell:
             if not hasattr(type(self), name):
                 raise TypeError(f"{type(self).__name__} has no field {name!r}")
             setattr(self, name, value)
+
+    def cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """This cell as the table operations take cells: ``([row], [col])``."""
+        return np.array([self.row]), np.array([self.col])

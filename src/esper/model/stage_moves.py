@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from esper.core.constants import STYLE_BLEND, STYLE_CURVE
+from esper.core.constants import RETARGETABLE, STYLE_BLEND, STYLE_CURVE
 from esper.core.enums import AlphaCurve, AlphaMode, Initiator, SeedStage
 from esper.model import gates
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, force_alphas, retarget_alphas
@@ -47,7 +47,7 @@ _BLENDING = STAGE_CODE[SeedStage.BLENDING]
 _HOLDING = STAGE_CODE[SeedStage.HOLDING]
 _HOLD = MODE_CODE[AlphaMode.HOLD]
 #: The stages whose alpha target can be set (the blend, or back into it).
-_RETARGETABLE = code_set({SeedStage.BLENDING, SeedStage.HOLDING}, STAGE_CODE)
+_RETARGETABLE = code_set(RETARGETABLE, STAGE_CODE)
 _GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
 #: The alpha curve and blend operator of each germination style, by the style's code.
 _STYLE_CURVE = np.zeros(max(map(int, STYLE_CURVE)) + 1, dtype=np.int64)
@@ -85,6 +85,29 @@ def stage_records(
 ) -> list[SeedStageChanged]:
     """The ``seed_stage_changed`` record of each cell's move from ``src`` (codes) to the
     stage it is in now; ``slot_ids[k]``: cell k's slot."""
+    return _stage_changes(
+        slot_ids,
+        t.seed_id[rows, cols],
+        t.blueprint[rows, cols],
+        src,
+        t.stage[rows, cols],
+        spent,
+        effective_alphas(t, (rows, cols)),
+        initiator,
+    )
+
+
+def _stage_changes(
+    slot_ids: Sequence[str],
+    seed_ids: np.ndarray,
+    blueprints: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    spent: np.ndarray,
+    alphas: np.ndarray,
+    initiator: Initiator,
+) -> list[SeedStageChanged]:
+    """``seed_stage_changed`` records from their columns (stages as codes)."""
     return [
         SeedStageChanged(
             slot=slot,
@@ -98,12 +121,12 @@ def stage_records(
         )
         for slot, seed_id, blueprint, a, b, n, alpha in zip(
             slot_ids,
-            t.seed_id[rows, cols].tolist(),
-            t.blueprint[rows, cols].tolist(),
+            seed_ids.tolist(),
+            blueprints.tolist(),
             src.tolist(),
-            t.stage[rows, cols].tolist(),
+            dst.tolist(),
             spent.tolist(),
-            effective_alphas(t, (rows, cols)).tolist(),
+            alphas.tolist(),
             strict=True,
         )
     ]
@@ -233,20 +256,14 @@ def finish_cooldowns(
     counter), made, with their records (the departed seed's identity on each, though a
     cell that reaches DORMANT forgets it)."""
     records: CellRecords = [[] for _ in range(len(rows))]
-    seed_ids = t.seed_id[rows, cols].tolist()
-    blueprints = t.blueprint[rows, cols].tolist()
+    slots = np.array(slot_ids, dtype=object)
+    seed_ids, blueprints = t.seed_id[rows, cols], t.blueprint[rows, cols]  # copies
     for at, src, dst, spent in cooldown_cells(t, rows, cols):
-        for k, a, b, n in zip(at.tolist(), src.tolist(), dst.tolist(), spent.tolist(), strict=True):
-            records[k].append(
-                SeedStageChanged(
-                    slot=slot_ids[k],
-                    seed_id=seed_ids[k],
-                    blueprint=blueprints[k],
-                    from_stage=STAGES[a].value,
-                    to_stage=STAGES[b].value,
-                    epochs_in_prev_stage=n,
-                    alpha=ALPHA_MIN,  # no cooldown stage blends
-                    initiator=Initiator.SYSTEM.value,
-                )
-            )
+        no_blend = np.full(len(at), ALPHA_MIN)  # no cooldown stage blends
+        made = _stage_changes(
+            slots[at].tolist(), seed_ids[at], blueprints[at], src, dst, spent, no_blend,
+            Initiator.SYSTEM,
+        )  # fmt: skip
+        for k, record in zip(at.tolist(), made, strict=True):
+            records[k].append(record)
     return records

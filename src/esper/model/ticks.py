@@ -21,7 +21,7 @@ import numpy as np
 from esper.core.constants import G2_MIN_TRAINING_EPOCHS
 from esper.core.enums import AlphaMode, Initiator, SeedStage
 from esper.model.alpha import ALPHA_MAX, step_alphas
-from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_STAGES, cooldown_stage_codes
+from esper.model.lifecycle import COOLDOWN_STAGES, LIVE_CODES, cooldown_stage_codes
 from esper.model.slot_table import METRICS_COLUMNS, MODE_CODE, STAGE_CODE, SlotTable, code_set
 from esper.model.stage_moves import finish_cooldowns
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 #: model's :class:`~esper.model.slot.SeedSlot`, or the demo's torch-free ``SlotState``).
 SlotOf = Callable[[int, int], "SlotState"]
 
-LIVE_CODES = code_set(LIVE_STAGES, STAGE_CODE)
 COOLDOWN_CODES = code_set(COOLDOWN_STAGES, STAGE_CODE)
 _DORMANT = STAGE_CODE[SeedStage.DORMANT]
 _GERMINATED = STAGE_CODE[SeedStage.GERMINATED]

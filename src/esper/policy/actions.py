@@ -57,7 +57,6 @@ TOPOLOGY_BLUEPRINTS: Final[dict[Topology, tuple[str, ...]]] = {
 
 #: The values the value-indexing heads choose from, as arrays (for a column of envs).
 HEAD_VALUES: Final[dict[str, np.ndarray]] = {
-    "tempo": np.array(TEMPOS),
     "alpha_target": np.array(ALPHA_TARGETS),
     "alpha_speed": np.array(ALPHA_SPEEDS),
 }

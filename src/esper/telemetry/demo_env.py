@@ -48,7 +48,7 @@ from esper.core.enums import (
     Topology,
 )
 from esper.model.gates import gate_g0
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_STAGES, effective_alphas
+from esper.model.lifecycle import BLENDED_STAGES, LIVE_CODES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.reports import report_columns
 from esper.model.slot_state import SlotState
@@ -104,7 +104,6 @@ GRAD_NOISE: Final = 0.3
 CONTRIBUTION_NOISE: Final = 0.2
 
 
-_IS_LIVE: Final = code_set(LIVE_STAGES, STAGE_CODE)
 #: The seeds whose gradients the trainer measures (as training/envs/host_envs.py does).
 _TRAINS: Final = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
 #: Stage sets as codes, for one env's few cells.
@@ -149,7 +148,7 @@ class DemoRound:
         and gradient norms, recorded into the table for the cells the trainer records."""
         t, r = self.table, self.rng
         alpha = effective_alphas(t)
-        rows, cols = np.nonzero((alpha > 0.0) & _IS_LIVE[t.stage])
+        rows, cols = np.nonzero((alpha > 0.0) & LIVE_CODES[t.stage])
         effect = [
             self.envs[i].quality[j] for i, j in zip(rows.tolist(), cols.tolist(), strict=True)
         ]
@@ -366,7 +365,7 @@ class DemoEnv:
             blueprint=a.blueprint,
             blueprint_known=a.blueprint in self.blueprints,
             stage=slot.stage,
-            live_seeds=int(_IS_LIVE[self.table.stage[self.env]].sum()),
+            live_seeds=int(LIVE_CODES[self.table.stage[self.env]].sum()),
             max_seeds=MAX_SEEDS,
             strict=False,
         )

@@ -5,9 +5,9 @@
 envs that advance do so in one table operation over all of them
 (:func:`~esper.model.stage_moves.advance_cells`), and so do the envs that set an
 alpha target; every other op runs per env through :func:`execute_action`, since it
-builds, drops or freezes a seed's modules. The
-lifecycle records land, in env order, in the round's table (:meth:`EnvTable.reporter`)
-and are turned into events by the recorder.
+builds, drops or freezes a seed's modules. The lifecycle records land, in env order, in
+the round's table (:meth:`EnvTable.reporter`) and are turned into events by the
+recorder.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ from esper.core.constants import FORWARD_STAGES, OCCUPYING
 from esper.core.enums import Initiator, SeedStage
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
-from esper.model.lifecycle import BLENDED_STAGES, effective_alphas
+from esper.model.lifecycle import BLENDED_STAGES, LIVE_CODES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.slot_table import STAGE_CODE, code_set
-from esper.model.ticks import LIVE_CODES, tick_slots
+from esper.model.ticks import tick_slots
 from esper.policy.actions import ActionSpace
 from esper.policy.features import build_features, host_features
 from esper.policy.masks import compute_masks

@@ -15,12 +15,11 @@ import numpy as np
 
 from esper.core.constants import FORWARD_STAGES, OCCUPYING, RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, ParamCostBasis
-from esper.model.lifecycle import LIVE_STAGES, effective_alphas
+from esper.model.lifecycle import LIVE_CODES, effective_alphas
 from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
 from esper.training.envs.env_table import EnvTable
 from esper.training.envs.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
 
-_LIVE = code_set(LIVE_STAGES, STAGE_CODE)
 _OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
 _FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
@@ -38,7 +37,7 @@ class ParamColumns:
 def param_columns(table: EnvTable) -> ParamColumns:
     """:meth:`MorphogeneticModel.param_counts` of every env (the same sums, in slot order)."""
     t = table.slots
-    live = _LIVE[t.stage]
+    live = LIVE_CODES[t.stage]
     n_params = np.where(live, t.n_params, 0)
     weighted = effective_alphas(t) * n_params
     effective = ordered_sum(weighted.T)  # slot by slot

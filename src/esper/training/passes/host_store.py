@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from esper.core.enums import SeedStage
 from esper.model.blending import BlendGate
 from esper.model.builder import initialise_host
-from esper.model.lifecycle import BLENDED_STAGES
-from esper.model.slot_table import STAGE_CODE, blueprint_id, code_set
+from esper.model.lifecycle import BLENDED_STAGES, effective_alphas
+from esper.model.slot_table import blueprint_id
 from esper.model.snapshot import restore_fossils
 from esper.training.envs.env_state import seed_sgd
 from esper.training.passes.flat_layout import Entry, FlatLayout, HostPart, names_under
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from esper.model import MorphogeneticModel
     from esper.training.envs.env_state import EnvState, SgdSettings
 
-_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 #: Stages whose seed has stepped (it was in a train pass's forward).
 _STEPPED = BLENDED_STAGES | {SeedStage.TRAINING}
 
@@ -333,9 +332,7 @@ class HostStore:
 
     def alphas(self) -> np.ndarray:
         """Each env's slots' current alphas ([N, n_slots]; 0 where not blended)."""
-        t = self.table.slots
-        out: np.ndarray = np.where(_BLENDED[t.stage[self.rows]], t.alpha[self.rows], 0.0)
-        return out
+        return effective_alphas(self.table.slots, self.rows)
 
     # --- seeds ---------------------------------------------------------------------------
 

@@ -19,13 +19,12 @@ import torch
 from torch import Tensor
 
 from esper.core.enums import BlendOp, SeedStage
-from esper.model.lifecycle import BLENDED_STAGES
+from esper.model.lifecycle import BLENDED_CODES
 from esper.model.slot import SeedSlot
-from esper.model.slot_table import BLEND_CODE, STAGE_CODE, code_set
+from esper.model.slot_table import BLEND_CODE, STAGE_CODE
 from esper.training.passes.flat_layout import FlatLayout
 from esper.training.passes.host_store import HostStore
 
-_BLENDED = code_set(BLENDED_STAGES, STAGE_CODE)
 _TRAINING = STAGE_CODE[SeedStage.TRAINING]
 _GATE = BLEND_CODE[BlendOp.GATE]
 _N_BLEND = len(BLEND_CODE)
@@ -72,7 +71,7 @@ def group_seeds(
     rows = store.rows[members]  # the batch rows' table rows
     stage = t.stage[rows]
     training = stage == _TRAINING
-    cols, pos = np.nonzero((_BLENDED[stage] | (train & training)).T)  # slot after slot
+    cols, pos = np.nonzero((BLENDED_CODES[stage] | (train & training)).T)  # slot after slot
     at = rows[pos]
     training = training[pos, cols]
     blueprint, blend = t.blueprint_id[at, cols], t.blend_op[at, cols]
