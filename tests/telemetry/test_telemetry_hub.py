@@ -181,6 +181,20 @@ def test_a_batch_of_several_types_of_one_level_keeps_its_order(tmp_path: Path) -
     ]  # fmt: skip
 
 
+def test_a_batch_is_stamped_whole_or_not_at_all() -> None:
+    hub = MemoryHub("mem", level=TelemetryLevel.LIFECYCLE, rank=3, start_seq=7)
+    records = _lifecycle_records()
+    hub.emit_batch(records)
+    assert [(e.run_id, e.seq, e.rank) for e in records] == [("mem", s, 3) for s in range(7, 11)]
+    assert len({e.ts_ns for e in records}) == 1 and records[0].ts_ns > 0  # one per batch
+    # An event emitted before, anywhere in a batch: refused, naming it, none stamped.
+    fresh = _lifecycle_records()
+    with pytest.raises(ValueError, match="SeedStageChanged with seq=8 was already emitted"):
+        hub.emit_batch([*fresh, records[1]])
+    assert all(e.seq == UNSTAMPED_SEQ for e in fresh) and hub.next_seq == 11
+    assert hub.events == records
+
+
 def test_a_batch_below_the_level_is_dropped_and_one_of_mixed_levels_refused() -> None:
     hub = MemoryHub("mem", level=TelemetryLevel.OFF)
     records = _lifecycle_records()
