@@ -15,7 +15,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from esper.core.constants import EMBARGO_EPOCHS, FORWARD_STAGES, RESETTING_EPOCHS, TRANSITIONS
+from esper.core.constants import (
+    EMBARGO_EPOCHS,
+    FORWARD_STAGES,
+    OCCUPYING,
+    RESETTING_EPOCHS,
+    RETARGETABLE,
+    TRANSITIONS,
+)
 from esper.core.enums import BlendOp, GerminationStyle, SeedStage
 from esper.errors import EsperError
 from esper.model.alpha import ALPHA_MIN
@@ -135,6 +142,14 @@ LEGAL: Final = _legal_moves()
 BLENDED_CODES: Final = code_set(BLENDED_STAGES, STAGE_CODE)
 #: Which stage codes have a seed module in the slot.
 LIVE_CODES: Final = code_set(LIVE_STAGES, STAGE_CODE)
+#: Which stage codes hold the slot (count against the seed limit).
+OCCUPYING_CODES: Final = code_set(OCCUPYING, STAGE_CODE)
+#: Which stage codes run the seed in the forward pass.
+FORWARD_CODES: Final = code_set(FORWARD_STAGES, STAGE_CODE)
+#: Which stage codes train the seed in a train pass (unless it is scheduled for prune).
+TRAINS_CODES: Final = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
+#: Which stage codes let the alpha target be changed.
+RETARGETABLE_CODES: Final = code_set(RETARGETABLE, STAGE_CODE)
 _PRUNED = STAGE_CODE[SeedStage.PRUNED]
 _DORMANT = STAGE_CODE[SeedStage.DORMANT]
 #: The departed seed's identity and counters, forgotten once its slot is free.

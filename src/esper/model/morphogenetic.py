@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from esper.core.constants import OCCUPYING, STYLE_BLEND
+from esper.core.constants import STYLE_BLEND
 from esper.core.enums import (
     AlphaCurve,
     BlendOp,
@@ -34,13 +34,13 @@ from esper.model.blending import BlendGate
 from esper.model.gates import gate_g0
 from esper.model.hosts import HostNetwork, SlotPosition
 from esper.model.initialization import materialize_small, reinitialise
-from esper.model.lifecycle import LIVE_CODES, effective_alphas
+from esper.model.lifecycle import LIVE_CODES, OCCUPYING_CODES, effective_alphas
 from esper.model.memory_format import IMAGE_DIMS, is_channels_last
 from esper.model.metrics import ParamCounts
 from esper.model.registry import DEFAULT_REGISTRY, BlueprintRegistry
 from esper.model.seed_pool import GATE, SeedPool
 from esper.model.slot import SeedSlot
-from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
+from esper.model.slot_table import SlotTable
 from esper.model.ticks import tick_slots
 from esper.telemetry.events import LifecycleEvent
 
@@ -57,7 +57,6 @@ M = TypeVar("M", bound=nn.Module)
 GERMINATION_SEED_STRIDE = 1_000_033
 SLOT_SEED_STRIDE = 7_919
 _SEED_MODULUS = 2**63
-OCCUPYING_CODES = code_set(OCCUPYING, STAGE_CODE)
 #: Values per slot in :meth:`MorphogeneticModel.grad_norms`: [seed norm, host norm].
 GRAD_VALUES_PER_SLOT = 2
 

@@ -22,11 +22,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from esper.core.constants import RETARGETABLE, STYLE_BLEND, STYLE_CURVE
+from esper.core.constants import STYLE_BLEND, STYLE_CURVE
 from esper.core.enums import AlphaCurve, AlphaMode, Initiator, SeedStage
 from esper.model import gates
 from esper.model.alpha import ALPHA_MAX, ALPHA_MIN, force_alphas, retarget_alphas
-from esper.model.lifecycle import cooldown_cells, effective_alphas, transition_cells
+from esper.model.lifecycle import (
+    RETARGETABLE_CODES,
+    cooldown_cells,
+    effective_alphas,
+    transition_cells,
+)
 from esper.model.slot_table import (
     BLEND_CODE,
     METRICS_COLUMNS,
@@ -35,7 +40,6 @@ from esper.model.slot_table import (
     STAGES,
     SlotTable,
     blueprint_id,
-    code_set,
 )
 from esper.telemetry.events import LifecycleEvent, SeedStageChanged
 
@@ -47,7 +51,6 @@ _BLENDING = STAGE_CODE[SeedStage.BLENDING]
 _HOLDING = STAGE_CODE[SeedStage.HOLDING]
 _HOLD = MODE_CODE[AlphaMode.HOLD]
 #: The stages whose alpha target can be set (the blend, or back into it).
-_RETARGETABLE = code_set(RETARGETABLE, STAGE_CODE)
 _GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
 #: The alpha curve and blend operator of each germination style, by the style's code.
 _STYLE_CURVE = np.zeros(max(map(int, STYLE_CURVE)) + 1, dtype=np.int64)
@@ -231,7 +234,7 @@ def set_alpha_targets(
         raise ValueError(f"alpha targets {target} / speeds {speed} out of range")
     stage = t.stage[rows, cols]
     ok = (
-        _RETARGETABLE[stage]
+        RETARGETABLE_CODES[stage]
         & ~t.scheduled_prune[rows, cols]
         & (t.alpha_mode[rows, cols] == _HOLD)
         & (target != t.alpha[rows, cols])

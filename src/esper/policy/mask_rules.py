@@ -23,19 +23,16 @@ from esper.core.constants import (
     GERMINATE_BLOCKING,
     GERMINATE_MIN_STEPS_LEFT,
     MIN_PRUNE_AGE,
-    OCCUPYING,
     PRUNABLE,
     PRUNABLE_AFTER_BLENDING,
-    RETARGETABLE,
 )
 from esper.core.enums import AlphaMode, LifecycleOp, SeedStage
+from esper.model.lifecycle import OCCUPYING_CODES, RETARGETABLE_CODES
 from esper.model.slot_table import MODE_CODE, STAGE_CODE, code_set
 from esper.model.ticks import advance_ready
 from esper.policy.actions import N_OPS
 
 _BLOCKING = code_set(GERMINATE_BLOCKING, STAGE_CODE)
-_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
-_RETARGETABLE = code_set(RETARGETABLE, STAGE_CODE)
 #: The prunable stages, by ``prune_after_blending``.
 _PRUNABLE = {
     False: code_set(PRUNABLE, STAGE_CODE),
@@ -65,7 +62,7 @@ def slot_op_mask(
     steady = ~col["scheduled_prune"].astype(bool)  # a seed being scheduled-pruned accepts no ops
 
     blocked = _BLOCKING[stage].any(axis=1)
-    under_limit = _OCCUPYING[stage].sum(axis=1) < max_seeds
+    under_limit = OCCUPYING_CODES[stage].sum(axis=1) < max_seeds
     in_time = steps_left is None or steps_left >= GERMINATE_MIN_STEPS_LEFT
     can_germinate = (~blocked & under_limit & in_time)[:, None]
 
@@ -80,7 +77,7 @@ def slot_op_mask(
     slot[:, LifecycleOp.PRUNE] = (
         steady & at_rest & (col["age_epochs"] >= MIN_PRUNE_AGE) & prunable[stage]
     )
-    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & _RETARGETABLE[stage]
+    slot[:, LifecycleOp.SET_ALPHA_TARGET] = steady & at_rest & RETARGETABLE_CODES[stage]
     return slot
 
 

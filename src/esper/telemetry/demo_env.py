@@ -44,15 +44,14 @@ from esper.core.enums import (
     PruneReason,
     RewardFamily,
     RollbackReason,
-    SeedStage,
     Topology,
 )
 from esper.model.gates import gate_g0
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_CODES, effective_alphas
+from esper.model.lifecycle import LIVE_CODES, TRAINS_CODES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
 from esper.model.reports import report_columns
 from esper.model.slot_state import SlotState
-from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable, code_set
+from esper.model.slot_table import MODE_CODE, STAGE_CODE, SlotTable
 from esper.model.ticks import tick_slots
 from esper.policy.actions import ActionSpace, DecodedAction, encode_action
 from esper.policy.mask_rules import op_mask, slot_op_mask
@@ -104,8 +103,6 @@ GRAD_NOISE: Final = 0.3
 CONTRIBUTION_NOISE: Final = 0.2
 
 
-#: The seeds whose gradients the trainer measures (as training/envs/host_envs.py does).
-_TRAINS: Final = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
 #: Stage sets as codes, for one env's few cells.
 _OCCUPYING: Final = frozenset(STAGE_CODE[s] for s in OCCUPYING)
 _PRUNABLE: Final = frozenset(STAGE_CODE[s] for s in PRUNABLE)
@@ -156,7 +153,7 @@ class DemoRound:
         contributions = np.full(t.shape, np.nan)
         contributions[rows, cols] = np.array(effect) * alpha[rows, cols] + noise
         record_contributions(t, (rows, cols), contributions[rows, cols])
-        rows, cols = np.nonzero(_TRAINS[t.stage] & ~t.scheduled_prune)
+        rows, cols = np.nonzero(TRAINS_CODES[t.stage] & ~t.scheduled_prune)
         rms = [self.envs[i].grad_rms[j] for i, j in zip(rows.tolist(), cols.tolist(), strict=True)]
         rms = [x * math.exp(r.gauss(0.0, GRAD_NOISE)) for x in rms]
         record_gradients(

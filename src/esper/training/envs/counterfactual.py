@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from esper.core.constants import FORWARD_STAGES, OCCUPYING
 from esper.core.enums import CounterfactualUnavailable
-from esper.model.slot_table import STAGE_CODE, code_set
+from esper.model.lifecycle import FORWARD_CODES, OCCUPYING_CODES
 
 #: Above this many active seeds the 2^n factorial is not run (2^3 = 8 configs).
 MAX_FACTORIAL_SEEDS = 3
@@ -31,15 +30,13 @@ PAIR = 2
 NAN = math.nan
 REASONS = tuple(CounterfactualUnavailable)
 REASON_CODE = {r: i for i, r in enumerate(REASONS)}
-_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
-_FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
 
 def unavailable_reasons(stage: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """Why each slot's contribution cannot be measured (codes into :data:`REASONS`;
     AVAILABLE where it can): no seed, a seed outside the forward, alpha 0."""
     return np.select(
-        [~_OCCUPYING[stage], ~_FORWARD[stage], alpha <= 0.0],
+        [~OCCUPYING_CODES[stage], ~FORWARD_CODES[stage], alpha <= 0.0],
         [
             REASON_CODE[CounterfactualUnavailable.NO_SEED],
             REASON_CODE[CounterfactualUnavailable.NOT_IN_FORWARD],

@@ -27,13 +27,11 @@ import numpy as np
 import torch
 
 from esper.config import Config
-from esper.core.constants import FORWARD_STAGES, OCCUPYING
-from esper.core.enums import Initiator, SeedStage
+from esper.core.enums import Initiator
 from esper.data.iterator import SharedBatchIterator, val_batches
 from esper.data.tasks import TaskData
-from esper.model.lifecycle import BLENDED_STAGES, LIVE_CODES, effective_alphas
+from esper.model.lifecycle import LIVE_CODES, OCCUPYING_CODES, TRAINS_CODES, effective_alphas
 from esper.model.metrics import record_contributions, record_gradients
-from esper.model.slot_table import STAGE_CODE, code_set
 from esper.model.ticks import tick_slots
 from esper.policy.actions import ActionSpace
 from esper.policy.features import build_features, host_features
@@ -76,9 +74,6 @@ if TYPE_CHECKING:
 #: Validation batches are this many times the training batch (no gradients to keep).
 VAL_BATCH_FACTOR = 4
 #: Seeds whose gradients are measured: those that train (not while scheduled-pruned).
-_TRAINS = code_set(BLENDED_STAGES | {SeedStage.TRAINING}, STAGE_CODE)
-_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
-_FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
 
 class HostEnvs:
@@ -267,7 +262,7 @@ class HostEnvs:
             host_params=counts.host,
             seed_params=counts.seeds,
             effective_params=counts.effective,
-            active_seeds=_OCCUPYING[t.slots.stage].sum(axis=1),
+            active_seeds=OCCUPYING_CODES[t.slots.stage].sum(axis=1),
             episode={k: v.copy() for k, v in t.episode.items()},
             hosts=self.host_names,
         )
@@ -313,7 +308,7 @@ class HostEnvs:
     def _record_gradients(self, norms: np.ndarray) -> None:
         """Each training seed's gradient norms (the last batch's, clipped) and health."""
         slots = self.t.slots
-        trains = _TRAINS[slots.stage] & ~slots.scheduled_prune
+        trains = TRAINS_CODES[slots.stage] & ~slots.scheduled_prune
         r, c = np.nonzero(trains)
         record_gradients(slots, (r, c), norms[r, c, 0], norms[r, c, 1], self.t.ref_params[r, c])
 

@@ -13,15 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from esper.core.constants import FORWARD_STAGES, OCCUPYING, RELEVANT_HEADS
+from esper.core.constants import RELEVANT_HEADS
 from esper.core.enums import LifecycleOp, ParamCostBasis
-from esper.model.lifecycle import LIVE_CODES, effective_alphas
-from esper.model.slot_table import STAGE_CODE, SlotTable, code_set
+from esper.model.lifecycle import FORWARD_CODES, LIVE_CODES, OCCUPYING_CODES, effective_alphas
+from esper.model.slot_table import SlotTable
 from esper.training.envs.env_table import EnvTable
 from esper.training.envs.rewards import POTENTIAL_BY_CODE, RewardColumns, ordered_sum
-
-_OCCUPYING = code_set(OCCUPYING, STAGE_CODE)
-_FORWARD = code_set(FORWARD_STAGES, STAGE_CODE)
 
 
 @dataclass(frozen=True)
@@ -90,11 +87,11 @@ def reward_columns(
     alphas = effective_alphas(t)
     previous = np.where(table.memory_set[:, None], table.memory_alphas, alphas)
     potential = POTENTIAL_BY_CODE[t.stage].sum(axis=1)
-    credited = _OCCUPYING[t.stage] & np.isfinite(t.contribution)
+    credited = OCCUPYING_CODES[t.stage] & np.isfinite(t.contribution)
     val_acc = table.val_acc
     col = np.maximum(before.slot, 0)
     after_stage = t.stage[rows, col]
-    alive = (before.slot >= 0) & _FORWARD[after_stage]  # forward stages occupy
+    alive = (before.slot >= 0) & FORWARD_CODES[after_stage]  # forward stages occupy
     nan = np.full(n, math.nan)
     columns = RewardColumns(
         op=op,
