@@ -121,6 +121,31 @@ def test_only_a_change_in_seeds_sends_an_env_to_its_optimizers_and_store() -> No
         assert bool(envs.states[0].seed_optimizers) == (actions[0] is not prune)
 
 
+def test_table_and_per_env_ops_of_one_step_report_in_env_order() -> None:
+    """ADVANCE runs over all the envs choosing it at once and GERMINATE / PRUNE per env,
+    yet the step's records come back placed and in env order, as if each env had acted
+    alone in turn."""
+    envs = _envs(_config(**{"run.n_envs": 4}))
+    envs.reset(0)
+    slot = envs.space.slot_ids[0]
+    advance = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=slot)
+    prune = DecodedAction(op=LifecycleOp.PRUNE, slot_id=slot, alpha_speed=0)
+    plan = [[_germinate(envs)] * 3 + [WAIT], [advance, prune, advance, _germinate(envs)]]
+    for step, actions in enumerate(plan):
+        envs.advance(0, step, PhaseTimes())
+        transitions = envs.step(_heads(envs, actions), step)
+    assert transitions.executed[[1, 3]].all()
+    placed = [(r.round, r.env, r.step) for r in transitions.records]
+    assert placed == sorted(placed) and {p[2] for p in placed} == {1}
+    kinds = {i: [type(r).__name__ for r in transitions.records if r.env == i] for i in range(4)}
+    assert kinds[0] == kinds[2] and kinds[0][0] == "GateEvaluated"  # G1, passed or not
+    assert "SeedPruned" in kinds[1] and "SeedGerminated" in kinds[3]
+    # A record that counts into the episode totals cannot skip its env's reporter.
+    germinated = next(r for r in transitions.records if type(r).__name__ == "SeedGerminated")
+    with pytest.raises(ValueError, match="reported one by one: \\['SeedGerminated'\\]"):
+        envs.t.merge(len(envs.t.records), [germinated], np.array([3]))
+
+
 def test_a_rollback_comes_back_as_data() -> None:
     faults = FaultPlan([Fault(FaultKind.NAN, round=0, step=2, env=1)])
     envs = _envs(_config(), faults)

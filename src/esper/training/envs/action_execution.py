@@ -5,13 +5,15 @@
 envs that advance do so in one table operation over all of them
 (:func:`~esper.model.stage_moves.advance_cells`), and so do the envs that set an
 alpha target; every other op runs per env through :func:`execute_action`, since it
-builds, drops or freezes a seed's modules. The lifecycle records land, in env order, in
-the round's table (:meth:`EnvTable.reporter`) and are turned into events by the
-recorder.
+builds, drops or freezes a seed's modules: Python runs per env only for those. The
+lifecycle records land, in env order, in the round's table (reported by the envs that
+run per env, :meth:`EnvTable.reporter`; merged for the table operations,
+:meth:`EnvTable.merge`) and are turned into events by the recorder.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,6 +31,7 @@ from esper.policy.actions import (
 )
 from esper.telemetry.events import LifecycleEvent
 from esper.training.envs.env_state import EnvState, make_seed_optimizer
+from esper.training.envs.env_table import EnvTable
 
 
 def _apply(env: EnvState, a: DecodedAction, initiator: Initiator) -> bool:
@@ -95,33 +98,37 @@ def execute_action(
 
 def execute_actions(
     envs: Sequence[EnvState],
-    slots: SlotTable,
+    table: EnvTable,
     heads: np.ndarray,
     space: ActionSpace,
     *,
     step: int,
     initiator: Initiator,
 ) -> np.ndarray:
-    """Every env's action (``heads[i]``: env i's head indices; ``slots``: the round's
-    slot table, column j the space's slot j); returns whether each took effect (WAIT
-    always does)."""
+    """Every env's action (``heads[i]``: env i's head indices; ``table``: the round's,
+    its slot table's column j the space's slot j); returns whether each took effect
+    (WAIT always does). Python runs per env only for the ops that build, drop or
+    freeze modules; the records land in the table in env order."""
     op = heads[:, 0]
     executed = np.ones(len(envs), dtype=bool)
     acting = np.nonzero(op != LifecycleOp.WAIT)[0]
-    made: dict[int, list[LifecycleEvent]] = {}
+    start = len(table.records)
+    records: list[LifecycleEvent] = []
+    rows: list[np.ndarray] = []
     for kind in TABLE_OPS:
-        rows = acting[op[acting] == kind]
-        if len(rows):
-            made.update(_table_op(kind, envs, slots, rows, heads, space, initiator, executed))
-    for i, indices in zip(acting.tolist(), heads[acting].tolist(), strict=True):
-        records = made.get(i)
-        if records is None:
-            action = decode_action(indices, space)
-            executed[i] = execute_action(envs[i], action, step=step, initiator=initiator)
-            continue
-        report = envs[i].model.report
-        for record in records:
-            report(record)
+        at = acting[op[acting] == kind]
+        if len(at):
+            made, made_rows = _table_op(
+                kind, envs, table.slots, at, heads, space, initiator, executed
+            )
+            records += made
+            rows.append(made_rows)
+    structural = acting[~np.isin(op[acting], TABLE_OPS)]
+    for i, indices in zip(structural.tolist(), heads[structural].tolist(), strict=True):
+        action = decode_action(indices, space)
+        executed[i] = execute_action(envs[i], action, step=step, initiator=initiator)
+    if records:
+        table.merge(start, records, np.concatenate(rows))
     return executed
 
 
@@ -134,9 +141,9 @@ def _table_op(
     space: ActionSpace,
     initiator: Initiator,
     executed: np.ndarray,
-) -> dict[int, list[LifecycleEvent]]:
+) -> tuple[list[LifecycleEvent], np.ndarray]:
     """Op ``kind`` (one of :data:`TABLE_OPS`) of envs ``rows`` at once: ``executed``
-    filled in for them; returns each env's records."""
+    filled in for them; returns their records and each record's env row."""
     h = heads[rows]
     cols = head_column(h, "slot", n_slots=space.n_slots)
     ids = [space.slot_ids[c] for c in cols.tolist()]
@@ -152,7 +159,8 @@ def _table_op(
             slots, rows, cols, ids, initiator, target=target, speed=speed, curve=curve
         )
     executed[rows] = ok
-    return dict(zip(rows.tolist(), by_env, strict=True))
+    records = list(itertools.chain.from_iterable(by_env))
+    return records, np.repeat(rows, list(map(len, by_env)))
 
 
 #: The ops that change no module: run as table operations over all the envs choosing

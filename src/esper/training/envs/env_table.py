@@ -15,7 +15,10 @@ policy's signals are :class:`~esper.policy.signals.Signals`, the governor's watc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import operator
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -40,6 +43,7 @@ COUNTED: dict[type, str] = {
     SeedPruned: "seeds_pruned",
 }
 _force_setattr = msgspec.structs.force_setattr
+_ENV_OF = operator.attrgetter("env")
 
 
 class EnvTable:
@@ -74,6 +78,8 @@ class EnvTable:
         self.step = -1
         #: Lifecycle records as reported, placed, in the order they happened.
         self.records: list[LifecycleEvent] = []
+        #: Each row's global env index (what its records are placed at).
+        self.env_index = np.zeros(n, dtype=np.int64)
         #: Rows whose seeds changed since their optimizers were last brought in line,
         #: and since a batched pass last adopted their seeds into its store.
         self.changed: set[int] = set()
@@ -112,6 +118,7 @@ class EnvTable:
         (a seed grown, fossilized or pruned) marks the env as changed in structure: its
         seed optimizers are brought in line and a batched pass adopts its seeds. Gate
         checks and other stage moves change no module, so they mark nothing."""
+        self.env_index[row] = env
 
         def report(record: LifecycleEvent) -> None:
             _force_setattr(record, "round", self.round)
@@ -125,6 +132,26 @@ class EnvTable:
                 self.unadopted.add(row)
 
         return report
+
+    def merge(self, start: int, records: Sequence[LifecycleEvent], rows: np.ndarray) -> None:
+        """Place records made by table operations over many envs (record k: env row
+        ``rows[k]``) and merge them, in env order, with those reported since ``start``
+        (each env's own order kept). They are stage moves and gate checks: they change
+        no module, so none is counted (a counted record goes through :meth:`reporter`).
+        Each field is set over the batch by ``map`` in C: no Python per record."""
+        counted = COUNTED.keys() & set(map(type, records))
+        if counted:
+            names = sorted(t.__name__ for t in counted)
+            raise ValueError(f"counted records must be reported one by one: {names}")
+        n = len(records)
+        envs = self.env_index[rows].tolist()
+        for name, values in (
+            ("round", repeat(self.round, n)),
+            ("env", envs),
+            ("step", repeat(self.step, n)),
+        ):
+            deque(map(_force_setattr, records, repeat(name, n), values), maxlen=0)
+        self.records[start:] = sorted([*self.records[start:], *records], key=_ENV_OF)
 
     def drain(self) -> list[LifecycleEvent]:
         """The records reported since the last drain."""

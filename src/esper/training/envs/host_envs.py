@@ -232,7 +232,7 @@ class HostEnvs:
         op = heads[:, 0]
         target = Target.of(t.slots, np.where(SLOT_OPS[op], heads[:, 1], -1))
         executed = execute_actions(
-            self.states, t.slots, heads, self.space, step=step, initiator=self.initiator
+            self.states, t, heads, self.space, step=step, initiator=self.initiator
         )
         for i in sorted(t.changed):
             sync_seed_optimizers(self.states[i])
