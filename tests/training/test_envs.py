@@ -26,6 +26,7 @@ from esper.training.loop.faults import Fault, FaultKind, FaultPlan
 from esper.training.loop.recorder import Recorder
 from esper.training.loop.run_setup import action_space_for
 from esper.training.passes.batch_ops import StepStats
+from esper.training.passes.host_batching import snapshot_rows
 
 N_ENVS = 2
 HORIZON = 4
@@ -144,6 +145,29 @@ def test_table_and_per_env_ops_of_one_step_report_in_env_order() -> None:
     germinated = next(r for r in transitions.records if type(r).__name__ == "SeedGerminated")
     with pytest.raises(ValueError, match="reported one by one: \\['SeedGerminated'\\]"):
         envs.t.merge(len(envs.t.records), [germinated], np.array([3]))
+
+
+def test_a_batched_snapshot_serves_each_env_its_own_host() -> None:
+    """The envs due at one step share one snapshot object (their hosts cloned at once);
+    each rolls back to its own entry of it."""
+    envs = _envs(_config(**{"run.n_envs": 3, "run.batch_envs": True}))
+    envs.reset(0)
+    assert envs.t.stores is not None and envs.t.stores[1] is not None
+    (store,) = envs.t.stores[1]
+    guard = envs.t.guard
+    snapshot_rows(store, np.array([0, 2]), step=5)
+    taken = store.params.clone()
+    assert guard.snapshots[0] is guard.snapshots[2] is not guard.snapshots[1]
+    assert guard.entry[[0, 2]].tolist() == [0, 1] and guard.snapshot_step.tolist() == [5, 0, 5]
+    with torch.no_grad():
+        store.params.add_(1.0)
+    env = envs.states[2]
+    env.governor.rollback(
+        6, env.model, reason=RollbackReason.NON_FINITE_LOSS, loss=math.nan, threshold=0.0,
+        clear_optimizers=lambda: None, transitions_affected=1,
+    )  # fmt: skip
+    assert torch.equal(store.params[2], taken[2])  # its own entry, not env 0's
+    assert torch.equal(store.params[:2], taken[:2] + 1.0)  # the others untouched
 
 
 def test_a_rollback_comes_back_as_data() -> None:

@@ -30,9 +30,9 @@ def penalized_step(panic_step: int) -> int:
 
 class Restorable(Protocol):
     """A snapshot kept outside the model's own ``snapshot_state`` (a batched store's rows
-    taken for many envs at once): it puts itself back."""
+    taken for many envs at once, one entry each): it puts entry ``entry`` back."""
 
-    def restore(self, model: Any) -> None: ...
+    def restore(self, model: Any, entry: int) -> None: ...
 
 
 Snapshot = dict[str, Tensor] | Restorable
@@ -72,6 +72,19 @@ class Guard:
         self.has_snapshot = np.zeros(n, dtype=bool)
         self.snapshot_step = np.full(n, -1, dtype=np.int64)
         self.rollbacks = np.zeros(n, dtype=np.int64)
+        #: Each env's snapshot (one object may serve many envs, each its ``entry``).
+        self.snapshots = np.full(n, None, dtype=object)
+        self.entry = np.zeros(n, dtype=np.int64)
+
+    def keep(self, rows: np.ndarray, step: int, snapshot: Snapshot) -> None:
+        """Keep ``snapshot`` (taken at ``step``) for envs ``rows``: env ``rows[k]``
+        falls back to its entry ``k`` (one object for all: no Python per env)."""
+        one = np.empty(1, dtype=object)
+        one[0] = snapshot  # broadcast as an object, never unpacked as a sequence
+        self.snapshots[rows] = one
+        self.entry[rows] = np.arange(len(rows))
+        self.snapshot_step[rows] = step
+        self.has_snapshot[rows] = True
 
     def losses(self, row: int) -> list[float]:
         """Env ``row``'s kept losses, oldest first."""
@@ -188,7 +201,7 @@ _BOUND_MARGIN = 1e-6
 
 class Governor:
     """One env's governor: its row of a :class:`Guard` (a one-env guard of its own when
-    made alone) and the snapshot (on the model's device) it falls back to."""
+    made alone); the snapshot (on the model's device) it falls back to is kept there."""
 
     def __init__(
         self,
@@ -204,7 +217,6 @@ class Governor:
         self.row = row
         self.cfg = cfg
         self.random_guess_loss = guard.random_guess_loss
-        self._snapshot: Snapshot | None = None
 
     @property
     def history(self) -> list[float]:
@@ -232,9 +244,7 @@ class Governor:
 
     def keep(self, step: int, snapshot: Snapshot) -> None:
         """Keep ``snapshot`` (taken at ``step``) to fall back to."""
-        self._snapshot = snapshot
-        self.guard.snapshot_step[self.row] = step
-        self.guard.has_snapshot[self.row] = True
+        self.guard.keep(np.array([self.row]), step, snapshot)
 
     def check(self, step: int, loss: float) -> tuple[RollbackReason, float] | None:
         """Return ``(reason, threshold)`` when this loss calls for a rollback."""
@@ -255,20 +265,20 @@ class Governor:
         transitions_affected: int,
     ) -> GovernorRollback:
         """Prune live seeds, restore the snapshot, clear optimizer state; report it all."""
-        if self._snapshot is None:
+        guard, row = self.guard, self.row
+        snapshot: Snapshot | None = guard.snapshots[row]
+        if snapshot is None:
             raise RuntimeError("governor rollback without a snapshot (snapshot at env start)")
         pruned = model.prune_live_seeds(
             reason=PruneReason.GOVERNOR_ROLLBACK,
             initiator=Initiator.GOVERNOR,
         )
-        snapshot = self._snapshot
         if isinstance(snapshot, dict):
             # Clones: a model that adopts the tensors must not alias the kept snapshot.
             model.restore_state({k: v.clone() for k, v in snapshot.items()})
         else:
-            snapshot.restore(model)
+            snapshot.restore(model, int(guard.entry[row]))
         clear_optimizers()
-        guard, row = self.guard, self.row
         guard.panicked[row] = False
         guard.divergent_run[row] = 0
         guard.rollbacks[row] += 1

@@ -48,7 +48,7 @@ from esper.training.passes.batch_ops import (
     train_epoch,
     validate_fused,
 )
-from esper.training.passes.host_store import HostStore, RowSnapshot
+from esper.training.passes.host_store import BankSnapshot, HostStore
 from esper.training.passes.slot_groups import HostBatch, sgd_settings
 
 Batch = tuple[Tensor, Tensor]
@@ -119,15 +119,14 @@ def make_stores(
 
 
 def snapshot_rows(store: HostStore, rows: np.ndarray, *, step: int) -> None:
-    """The governor snapshots of these store rows' envs, their hosts cloned at once (a
-    fossil's weights and identity per env that has one)."""
-    bank = store.bank(rows)
+    """The governor snapshots of these store rows' envs, their hosts cloned at once and
+    kept as one object for all of them (a fossil's weights and identity per env that has
+    one: Python runs only for those)."""
+    at = store.rows[rows]  # their table rows
     table = store.table
-    fossil = (table.slots.stage[store.rows[rows]] == _FOSSILIZED).any(axis=1)
-    for k, (row, has_fossil) in enumerate(zip(rows.tolist(), fossil.tolist(), strict=True)):
-        env = store.envs[row]
-        fossils = snapshot_fossils(env.model) if has_fossil else {}
-        env.governor.keep(step, RowSnapshot(store, bank, k, fossils))
+    fossil = np.flatnonzero((table.slots.stage[at] == _FOSSILIZED).any(axis=1))
+    fossils = {k: snapshot_fossils(store.envs[rows[k]].model) for k in fossil.tolist()}
+    table.guard.keep(at, step, BankSnapshot(store, store.bank(rows), fossils))
 
 
 def _adopt(store: HostStore) -> None:

@@ -406,20 +406,21 @@ class Bank:
     buffers: dict[str, Tensor]
 
 
-@dataclass(frozen=True)
-class RowSnapshot:
-    """One env's governor snapshot in a batched round: its host as an entry of a
-    :class:`Bank` taken for every env due at that step, and its fossils (identity and
-    weights, :func:`esper.model.snapshot.snapshot_fossils`)."""
+@dataclass(frozen=True, eq=False)
+class BankSnapshot:
+    """The governor snapshots of the envs due at one step in a batched round: their
+    hosts as the entries of a :class:`Bank`, and the fossils (identity and weights,
+    :func:`esper.model.snapshot.snapshot_fossils`) of the entries with any."""
 
     store: HostStore
     bank: Bank
-    k: int
-    fossils: dict[str, Tensor]
+    fossils: dict[int, dict[str, Tensor]]
 
-    def restore(self, model: MorphogeneticModel) -> None:
-        self.store.restore_host(int(self.bank.rows[self.k]), self.bank, self.k)
-        restore_fossils(model, {name: t.clone() for name, t in self.fossils.items()})
+    def restore(self, model: MorphogeneticModel, entry: int) -> None:
+        """Put entry ``entry`` (its env's host and fossils) back into ``model``."""
+        self.store.restore_host(int(self.bank.rows[entry]), self.bank, entry)
+        fossils = self.fossils.get(entry, {})
+        restore_fossils(model, {name: t.clone() for name, t in fossils.items()})
 
 
 def _place(
