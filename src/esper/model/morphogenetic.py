@@ -118,7 +118,8 @@ class MorphogeneticModel(nn.Module):
         for slot in by_col:
             slot.release = self._release
         self.slots = nn.ModuleDict(dict(zip(self.slot_ids, by_col, strict=True)))
-        self._by_col = by_col
+        #: Every slot, in the slot order (slot ``j``: the table's column ``j``).
+        self.slots_in_order: list[SeedSlot] = by_col
         self._slot_after: list[SeedSlot | None] = [None] * len(host.segments)
         for s, slot in zip(self.slot_ids, by_col, strict=True):
             self._slot_after[offered[s].segment] = slot
@@ -178,7 +179,7 @@ class MorphogeneticModel(nn.Module):
     def bind_table(self, table: SlotTable, row: int) -> None:
         """Keep the slots' state in row ``row`` of ``table`` (a round's table: the
         trainer's vectorised step reads and writes every env's slots there)."""
-        for j, slot in enumerate(self._by_col):
+        for j, slot in enumerate(self.slots_in_order):
             slot.bind(table, row, j)
         self.table, self.row = table, row
 
@@ -189,21 +190,12 @@ class MorphogeneticModel(nn.Module):
         state in row ``row`` of the fresh ``table``, germinations counted from zero,
         train mode."""
         self._seed = seed
-        for j, slot in enumerate(self._by_col):
+        for j, slot in enumerate(self.slots_in_order):
             slot.renew(table, row, j)
         self.table, self.row = table, row
         self._germinations = dict.fromkeys(self.slot_ids, 0)
         self._grad_index = {}
         self.train()
-
-    def slot_at(self, col: int) -> SeedSlot:
-        """The slot of table column ``col`` (the slot order)."""
-        return self._by_col[col]
-
-    @property
-    def slots_in_order(self) -> list[SeedSlot]:
-        """Every slot, in the slot order (the table's columns)."""
-        return self._by_col
 
     def current_alphas(self) -> Tensor:
         """Effective alpha of every slot now (CPU float32 [n_slots]; 0 where not blended)."""
@@ -219,7 +211,7 @@ class MorphogeneticModel(nn.Module):
     def set_reporter(self, reporter: Reporter | None) -> None:
         """Where lifecycle records go (None: dropped): :attr:`report` sends one there."""
         self.report: Reporter = _dropped if reporter is None else reporter
-        for slot in self._by_col:
+        for slot in self.slots_in_order:
             slot.emit = self.report
 
     def germinate(
@@ -311,7 +303,7 @@ class MorphogeneticModel(nn.Module):
             self.table,
             rows,
             np.array([val_acc], dtype=np.float64),
-            lambda _row, col: self._by_col[col],
+            lambda _row, col: self.slots_in_order[col],
             auto_advance=self.auto_advance,
         )
 

@@ -303,7 +303,7 @@ class HostEnvs:
 
     # ------------------------------------------------------------------ after the epoch
     def _slot_of(self, row: int, col: int) -> Any:
-        return self.states[row].model.slot_at(col)
+        return self.states[row].model.slots_in_order[col]
 
     def _record_gradients(self, norms: np.ndarray) -> None:
         """Each training seed's gradient norms (the last batch's, clipped) and health."""

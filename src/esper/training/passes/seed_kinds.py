@@ -126,7 +126,7 @@ def _kind(
     # so each keeps its mode across passes (``HostBatch.set_modes``).
     lead = int(env_rows[0 if train else -1])
     row = int(store.rows[lead])
-    slot = store.envs[lead].model.slot_at(col)
+    slot = store.envs[lead].model.slots_in_order[col]
     seg = store.segment(slot.slot_id, str(t.blueprint[row, col]))
     with_gate = t.blend_op[row, col] == _GATE and t.stage[row, col] != _TRAINING
     return SeedKind(
