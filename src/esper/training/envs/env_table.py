@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,13 @@ import numpy as np
 
 from esper.model.slot_table import SlotTable
 from esper.policy.signals import Signals
-from esper.telemetry.events import LifecycleEvent, SeedFossilized, SeedGerminated, SeedPruned
+from esper.telemetry.events import (
+    LifecycleEvent,
+    SeedFossilized,
+    SeedGerminated,
+    SeedPruned,
+    set_fields,
+)
 
 if TYPE_CHECKING:
     from esper.config import Config
@@ -138,19 +143,14 @@ class EnvTable:
         ``rows[k]``) and merge them, in env order, with those reported since ``start``
         (each env's own order kept). They are stage moves and gate checks: they change
         no module, so none is counted (a counted record goes through :meth:`reporter`).
-        Each field is set over the batch by ``map`` in C: no Python per record."""
+        Each field is set over the batch in C (:func:`set_fields`): no Python per record."""
         counted = COUNTED.keys() & set(map(type, records))
         if counted:
             names = sorted(t.__name__ for t in counted)
             raise ValueError(f"counted records must be reported one by one: {names}")
-        n = len(records)
         envs = self.env_index[rows].tolist()
-        for name, values in (
-            ("round", repeat(self.round, n)),
-            ("env", envs),
-            ("step", repeat(self.step, n)),
-        ):
-            deque(map(_force_setattr, records, repeat(name, n), values), maxlen=0)
+        place = (("round", repeat(self.round)), ("env", envs), ("step", repeat(self.step)))
+        set_fields(records, place)
         self.records[start:] = sorted([*self.records[start:], *records], key=_ENV_OF)
 
     def drain(self) -> list[LifecycleEvent]:
