@@ -192,6 +192,9 @@ def test_a_batch_is_stamped_whole_or_not_at_all() -> None:
     with pytest.raises(ValueError, match="SeedStageChanged with seq=8 was already emitted"):
         hub.emit_batch([*fresh, records[1]])
     assert all(e.seq == UNSTAMPED_SEQ for e in fresh) and hub.next_seq == 11
+    with pytest.raises(ValueError, match="same event twice"):
+        hub.emit_batch([*fresh, fresh[0]])
+    assert all(e.seq == UNSTAMPED_SEQ for e in fresh) and hub.next_seq == 11
     assert hub.events == records
 
 

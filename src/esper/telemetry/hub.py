@@ -192,6 +192,8 @@ class StampingHub(Hub):
         n = len(events)
         if list(map(_SEQ_OF, events)).count(UNSTAMPED_SEQ) != n:
             raise _already_emitted(next(e for e in events if e.seq != UNSTAMPED_SEQ))
+        if len(set(map(id, events))) != n:
+            raise ValueError("a batch holds the same event twice; build a new event")
         start = self._seq
         envelope = (
             ("run_id", repeat(self.run_id)),
