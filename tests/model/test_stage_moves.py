@@ -11,7 +11,7 @@ import pytest
 from esper.core.constants import STYLE_CURVE
 from esper.core.enums import AlphaCurve, AlphaMode, GateId, Initiator, SeedStage
 from esper.model import IllegalTransitionError
-from esper.model.lifecycle import COOLDOWN_EPOCHS, cooldown_stage, transition_cells
+from esper.model.lifecycle import COOLDOWN_EPOCHS, cooldown_stage_codes, transition_cells
 from esper.model.slot_table import COLUMNS, MODE_CODE, STAGE_CODE, SlotTable
 from esper.model.stage_moves import (
     CellRecords,
@@ -194,8 +194,8 @@ def _cooling_table() -> SlotTable:
     for k in range(N_ENVS * N_SLOTS):
         r, c = divmod(k, N_SLOTS)
         before = COOLDOWN_EPOCHS - k % COOLDOWN_EPOCHS  # the counter before the tick
-        stage = SeedStage.PRUNED if before == COOLDOWN_EPOCHS else cooldown_stage(before)
-        t.stage[r, c] = STAGE_CODE[stage]
+        cooling = cooldown_stage_codes(np.array(before))
+        t.stage[r, c] = STAGE_CODE[SeedStage.PRUNED] if before == COOLDOWN_EPOCHS else cooling
         t.cooldown_remaining[r, c] = before - 1
         t.epochs_in_stage[r, c] = k % 4
         t.seed_id[r, c], t.blueprint[r, c] = f"s{k}", "norm"

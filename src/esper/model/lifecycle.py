@@ -218,17 +218,9 @@ def cooldown_cells(
     return moves
 
 
-def cooldown_stage(remaining: int) -> SeedStage:
-    """The cooldown stage a slot with ``remaining`` ticks left is in."""
-    if remaining <= 0:
-        return SeedStage.DORMANT
-    if remaining <= RESETTING_EPOCHS:
-        return SeedStage.RESETTING
-    return SeedStage.EMBARGOED
-
-
 def cooldown_stage_codes(remaining: np.ndarray) -> np.ndarray:
-    """:func:`cooldown_stage` over an array of counters (stage codes)."""
+    """The cooldown stage (code) of slots with ``remaining`` ticks left: EMBARGOED, then
+    RESETTING for the last RESETTING_EPOCHS, DORMANT at 0."""
     return np.where(
         remaining <= 0,
         STAGE_CODE[SeedStage.DORMANT],

@@ -33,7 +33,6 @@ from esper.model.reports import slot_report
 from esper.model.slot_table import COLUMNS, INITIATOR_CODE, INITIATORS, STAGE_CODE, SlotTable
 from esper.model.stage_moves import (
     advance_cells,
-    finish_cooldowns,
     germinate_cells,
     move_cells,
     set_alpha_targets,
@@ -241,11 +240,6 @@ class SlotState:
             )
         )
         return True
-
-    def finish_cooldown(self) -> None:
-        """The cooldown stage changes its counter is due (after the vectorised tick moved
-        it; :func:`esper.model.ticks.tick_slots`), reported one by one."""
-        self._emit_all(finish_cooldowns(*self._cell(), [self.slot_id])[0])
 
     def complete_scheduled_prune(self) -> None:
         """A scheduled prune's ramp came to rest at alpha 0: prune now."""

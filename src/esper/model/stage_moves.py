@@ -50,7 +50,6 @@ _TRAINING = STAGE_CODE[SeedStage.TRAINING]
 _BLENDING = STAGE_CODE[SeedStage.BLENDING]
 _HOLDING = STAGE_CODE[SeedStage.HOLDING]
 _HOLD = MODE_CODE[AlphaMode.HOLD]
-#: The stages whose alpha target can be set (the blend, or back into it).
 _GERMINATED = STAGE_CODE[SeedStage.GERMINATED]
 #: The alpha curve and blend operator of each germination style, by the style's code.
 _STYLE_CURVE = np.zeros(max(map(int, STYLE_CURVE)) + 1, dtype=np.int64)

@@ -164,5 +164,5 @@ def _table_op(
 
 
 #: The ops that change no module: run as table operations over all the envs choosing
-#: them (:mod:`esper.model.stage_moves`), their records reported in env order.
+#: them (:mod:`esper.model.stage_moves`), their records merged in env order.
 TABLE_OPS = (LifecycleOp.ADVANCE, LifecycleOp.SET_ALPHA_TARGET)

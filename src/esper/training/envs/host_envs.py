@@ -73,7 +73,6 @@ if TYPE_CHECKING:
 
 #: Validation batches are this many times the training batch (no gradients to keep).
 VAL_BATCH_FACTOR = 4
-#: Seeds whose gradients are measured: those that train (not while scheduled-pruned).
 
 
 class HostEnvs:
