@@ -147,6 +147,23 @@ def test_table_and_per_env_ops_of_one_step_report_in_env_order() -> None:
         envs.t.merge(len(envs.t.records), [germinated], np.array([3]))
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_advance_over_the_table_uses_each_envs_own_gates(strict: bool) -> None:
+    """ADVANCE runs every advancing env's gates at once, strict where that env's model
+    is (the env table's column, set with the model each round)."""
+    envs = _envs(_config(**{"run.n_envs": 2, "host.strict_gates": strict}))
+    envs.reset(0)
+    models = [e.model.strict_gates for e in envs.states]
+    assert envs.t.strict_gates.tolist() == models == [strict] * 2
+    advance = DecodedAction(op=LifecycleOp.ADVANCE, slot_id=envs.space.slot_ids[0])
+    for step, actions in enumerate([[_germinate(envs)] * 2, [advance] * 2]):
+        envs.advance(0, step, PhaseTimes())
+        transitions = envs.step(_heads(envs, actions), step)
+    gates = [r for r in transitions.records if type(r).__name__ == "GateEvaluated"]
+    assert [(g.env, g.strict) for g in gates] == [(0, strict), (1, strict)]
+    assert {g.gate for g in gates} <= {"G1", "G2", "G3"}
+
+
 def test_a_batched_snapshot_serves_each_env_its_own_host() -> None:
     """The envs due at one step share one snapshot object (their hosts cloned at once);
     each rolls back to its own entry of it."""

@@ -20,7 +20,6 @@ import numpy as np
 
 from esper.core.constants import G2_MIN_TRAINING_EPOCHS
 from esper.core.enums import Initiator, LifecycleOp, PruneReason
-from esper.model.slot_table import SlotTable
 from esper.model.stage_moves import advance_cells, set_alpha_targets
 from esper.policy.actions import (
     HEAD_VALUES,
@@ -118,9 +117,7 @@ def execute_actions(
     for kind in TABLE_OPS:
         at = acting[op[acting] == kind]
         if len(at):
-            made, made_rows = _table_op(
-                kind, envs, table.slots, at, heads, space, initiator, executed
-            )
+            made, made_rows = _table_op(kind, table, at, heads, space, initiator, executed)
             records += made
             rows.append(made_rows)
     structural = acting[~np.isin(op[acting], TABLE_OPS)]
@@ -134,8 +131,7 @@ def execute_actions(
 
 def _table_op(
     kind: LifecycleOp,
-    envs: Sequence[EnvState],
-    slots: SlotTable,
+    table: EnvTable,
     rows: np.ndarray,
     heads: np.ndarray,
     space: ActionSpace,
@@ -144,11 +140,11 @@ def _table_op(
 ) -> tuple[list[LifecycleEvent], np.ndarray]:
     """Op ``kind`` (one of :data:`TABLE_OPS`) of envs ``rows`` at once: ``executed``
     filled in for them; returns their records and each record's env row."""
-    h = heads[rows]
+    h, slots = heads[rows], table.slots
     cols = head_column(h, "slot", n_slots=space.n_slots)
     ids = [space.slot_ids[c] for c in cols.tolist()]
     if kind == LifecycleOp.ADVANCE:
-        strict = np.array([envs[i].model.strict_gates for i in rows.tolist()], dtype=bool)
+        strict = table.strict_gates[rows]
         ok, by_env = advance_cells(
             slots, rows, cols, ids, initiator, strict=strict, min_epochs=G2_MIN_TRAINING_EPOCHS
         )

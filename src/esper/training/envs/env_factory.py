@@ -206,6 +206,7 @@ class EnvFactory:
         )
         table.host_params[local] = descriptor.params
         table.ref_params[local] = model.ref_params()
+        table.strict_gates[local] = model.strict_gates
         if not stacked:
             governor.maybe_snapshot(0, model, force=True)
         return env

@@ -72,6 +72,9 @@ class EnvTable:
         # each host's, and per slot the host parameters its seed is compared with.
         self.host_params = np.zeros(n, dtype=np.int64)
         self.ref_params = np.zeros((n, n_slots), dtype=np.int64)
+        # Whether each env's gates are strict (its model's setting, set with it): ADVANCE
+        # runs the gates of every advancing env at once.
+        self.strict_gates = np.zeros(n, dtype=bool)
         # The reward's memory of the previous step (shaping telescopes across steps).
         self.memory_set = np.zeros(n, dtype=bool)
         self.memory_alphas = np.zeros((n, n_slots))
