@@ -230,3 +230,30 @@ def test_host_work_measures_both_trees_by_turns(tmp_path: Path) -> None:
             assert work[key] == ref[key], key
         for key in ("launches_per_env_step", "syncs_per_env_step"):
             assert work["launches"][key] == ref["launches"][key], key
+
+
+def test_seed_layouts_counts_the_rows_fixed_shapes_would_run(tmp_path: Path) -> None:
+    """digits_tiny at 4 envs (not --quick: its episodes are too short for a seed to
+    reach a forward): sleepers run every (row, slot, blueprint), buckets pad each kind's
+    rows to a power of two, and a run's graphs and layouts are at most its uses."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "seed_layouts.py"), "--n-envs", "4", "--rounds", "2",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "seed_layouts.json").read_text())
+    rows = {r["pass"]: r for r in data["results"]}
+    assert list(rows) == ["train", "validation"]
+    train = rows["train"]
+    assert train["passes"] == 2 * 20 and train["n_envs"] == 4  # 2 rounds of 20 steps
+    assert train["seed_rows_per_pass"] > 0, "no seed ran: nothing was counted"
+    # digits_tiny's host has 5 slots and the CNN registry 7 blueprints.
+    assert train["sleeper_kinds"] == 5 * 7
+    assert train["sleeper_rows_per_pass"] == 4 * 5 * 7
+    for r in rows.values():
+        assert r["seed_rows_per_pass"] <= r["bucketed_rows_per_pass"]
+        assert r["bucketed_rows_per_pass"] < 2 * r["seed_rows_per_pass"] + 1e-9
+        assert r["kinds_per_pass"] <= r["seed_rows_per_pass"] <= r["sleeper_rows_per_pass"]
+        assert r["kind_buckets"] <= r["kinds_per_pass"] * r["passes"]
+        assert 1 <= r["pass_layouts"] <= r["passes"]
