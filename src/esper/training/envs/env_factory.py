@@ -113,7 +113,7 @@ class EnvFactory:
             for name, model in models:
                 self._spare.setdefault(name, []).append(model)
         for env in envs:
-            env.model.set_reporter(table.reporter(env.row, env.index))
+            env.model.set_reporter(table.reporter(env.row))
         return envs
 
     def _model(
@@ -207,6 +207,7 @@ class EnvFactory:
         table.host_params[local] = descriptor.params
         table.ref_params[local] = model.ref_params()
         table.strict_gates[local] = model.strict_gates
+        table.env_index[local] = index
         if not stacked:
             governor.maybe_snapshot(0, model, force=True)
         return env

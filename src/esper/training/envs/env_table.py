@@ -86,7 +86,8 @@ class EnvTable:
         self.step = -1
         #: Lifecycle records as reported, placed, in the order they happened.
         self.records: list[LifecycleEvent] = []
-        #: Each row's global env index (what its records are placed at).
+        #: Each row's global env index (what its records are placed at; set by the env
+        #: factory with the env).
         self.env_index = np.zeros(n, dtype=np.int64)
         #: Rows whose seeds changed since their optimizers were last brought in line,
         #: and since a batched pass last adopted their seeds into its store.
@@ -118,15 +119,15 @@ class EnvTable:
         guard = Guard(n, cfg.governor, random_guess_loss=spec.random_guess_loss)
         return cls(n, n_slots, signals=signals, guard=guard)
 
-    def reporter(self, row: int, env: int) -> Callable[[LifecycleEvent], None]:
+    def reporter(self, row: int) -> Callable[[LifecycleEvent], None]:
         """Where env ``row``'s model reports its lifecycle records: into :attr:`records`
-        (in the order they happen), placed where they happened (the round, ``env``: the
-        env's global index, the step: a record is a fresh payload made for this alone,
-        so it is placed, not copied) and counted into its episode totals. A counted record
-        (a seed grown, fossilized or pruned) marks the env as changed in structure: its
-        seed optimizers are brought in line and a batched pass adopts its seeds. Gate
-        checks and other stage moves change no module, so they mark nothing."""
-        self.env_index[row] = env
+        (in the order they happen), placed where they happened (the round, the env's
+        global index :attr:`env_index`, the step: a record is a fresh payload made for
+        this alone, so it is placed, not copied) and counted into its episode totals. A
+        counted record (a seed grown, fossilized or pruned) marks the env as changed in
+        structure: its seed optimizers are brought in line and a batched pass adopts its
+        seeds. Gate checks and other stage moves change no module, so they mark nothing."""
+        env = int(self.env_index[row])
 
         def report(record: LifecycleEvent) -> None:
             _force_setattr(record, "round", self.round)
